@@ -1,0 +1,125 @@
+"""Strict DAG-CBOR, so that one value has exactly one byte form and therefore one CID.
+
+`cbor2.dumps(canonical=True)` is not enough: it shortens floats. We sort map keys ourselves
+(length first, then bytewise) and let cbor2 write every float as 64-bit, which is DAG-CBOR.
+Decoding re-encodes and compares, which rejects every non-canonical form at once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import cbor2
+
+from ledger.cid import CID, CIDError
+from ledger.errors import LedgerError
+
+CID_TAG = 42
+_MAX_DEPTH = 32
+_INT_MIN = -(2**64)
+_INT_MAX = 2**64 - 1
+_SCALARS = (str, bytes, bool, type(None))
+
+
+class EncodeError(LedgerError):
+    """A value outside the DAG-CBOR data model (NaN, a big int, a non-string key, an unknown type)."""
+
+
+class DecodeError(LedgerError):
+    """Bytes that are not exactly one canonical DAG-CBOR value."""
+
+
+def _key_order(key: str) -> tuple[int, str]:
+    """DAG-CBOR map order: UTF-8 length first, then bytewise (code point order equals UTF-8 byte order)."""
+    return len(key.encode("utf-8")), key
+
+
+#: sorted key order per key tuple; operations reuse a handful of shapes, so this saves the sort
+_ORDER_CACHE: dict[tuple[str, ...], tuple[str, ...]] = {}
+_ORDER_CACHE_LIMIT = 1024
+
+
+def _sorted_keys(mapping: dict[str, Any]) -> tuple[str, ...]:
+    shape = tuple(mapping)
+    order = _ORDER_CACHE.get(shape)
+    if order is None:
+        order = tuple(sorted(shape, key=_key_order))
+        if len(_ORDER_CACHE) < _ORDER_CACHE_LIMIT:
+            _ORDER_CACHE[shape] = order
+    return order
+
+
+def _canonical(value: Any, depth: int = 0) -> Any:
+    """Copy `value` into what cbor2 writes as DAG-CBOR; raise EncodeError for anything outside the model."""
+    if depth > _MAX_DEPTH:
+        raise EncodeError("codec.depth", f"nesting deeper than {_MAX_DEPTH}")
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
+    if kind is int:
+        if not _INT_MIN <= value <= _INT_MAX:
+            raise EncodeError("codec.int_range", f"integer {value} does not fit in 64 bits")
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            raise EncodeError("codec.float", f"{value} is not allowed (DAG-CBOR forbids NaN and infinities)")
+        return value
+    if kind is dict:
+        for key in value:
+            if type(key) is not str:
+                raise EncodeError("codec.key_type", f"map key {key!r} is not a string")
+        return {key: _canonical(value[key], depth + 1) for key in _sorted_keys(value)}
+    if kind is list or kind is tuple:
+        return [_canonical(item, depth + 1) for item in value]
+    if kind is CID:
+        return cbor2.CBORTag(CID_TAG, b"\x00" + value.raw)
+    raise EncodeError("codec.type", f"{kind.__name__} is not in the DAG-CBOR data model")
+
+
+def encode(value: Any) -> bytes:
+    """Encode `value` (dicts, lists, str, bytes, int, float, bool, None, CID) as strict DAG-CBOR."""
+    return cbor2.dumps(_canonical(value))
+
+
+def _tag_hook(tag: cbor2.CBORTag, _immutable: bool) -> CID:
+    if tag.tag != CID_TAG:
+        raise DecodeError("codec.tag", f"tag {tag.tag} is not allowed (only 42, a CID link)")
+    link = tag.value
+    if type(link) is not bytes or not link.startswith(b"\x00"):
+        raise DecodeError("codec.cid", "tag 42 must hold bytes starting with the identity multibase 0x00")
+    try:
+        return CID(link[1:])
+    except CIDError as exc:
+        raise DecodeError("codec.cid", exc.message) from None
+
+
+def decode(data: bytes) -> Any:
+    """Decode exactly one canonical DAG-CBOR value; any other input raises DecodeError and nothing else."""
+    if type(data) is not bytes:
+        raise DecodeError("codec.input", f"expected bytes, got {type(data).__name__}")
+    try:
+        value = cbor2.loads(
+            data,
+            tag_hook=_tag_hook,
+            allow_indefinite=False,
+            allow_duplicate_keys=False,
+            max_depth=_MAX_DEPTH,
+        )
+    except DecodeError:
+        raise
+    except Exception as exc:  # cbor2 raises many types (CBORDecodeError, ValueError, RecursionError, ...)
+        if isinstance(exc.__cause__, DecodeError) or isinstance(exc.__context__, DecodeError):
+            raise (exc.__cause__ or exc.__context__) from None
+        raise DecodeError("codec.malformed", f"not valid CBOR: {exc}") from None
+    try:
+        canonical = encode(value)
+    except EncodeError as exc:
+        raise DecodeError(exc.code, exc.message) from None
+    if canonical != data:
+        raise DecodeError(
+            "codec.non_canonical",
+            "not the canonical DAG-CBOR form (unsorted or duplicate keys, short floats, "
+            "non-minimal integers, extra bytes or a tag other than 42)",
+        )
+    return value

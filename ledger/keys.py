@@ -1,0 +1,119 @@
+"""Ed25519 author keys, `did:key` identifiers, and key files that stay private (mode 0600)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from functools import lru_cache
+from pathlib import Path
+
+import nacl.exceptions
+import nacl.signing
+from multiformats import multibase
+
+from ledger.errors import LedgerError
+
+_ED25519_PUB_MULTICODEC = b"\xed\x01"
+_DID_PREFIX = "did:key:z"
+_KEY_FILE_TYPE = "ed25519-seed"
+SIGNATURE_LENGTH = 64
+
+
+class IdentityError(LedgerError):
+    """A bad did:key, key file or signature input."""
+
+
+def did_from_public_key(public_key: bytes) -> str:
+    """did:key of an Ed25519 public key: multicodec ed25519-pub, multibase base58btc (`did:key:z6Mk…`)."""
+    return "did:key:" + multibase.encode(_ED25519_PUB_MULTICODEC + public_key, "base58btc")
+
+
+@lru_cache(maxsize=65536)
+def _verify_key(did: str) -> nacl.signing.VerifyKey:
+    if not did.startswith(_DID_PREFIX):
+        raise IdentityError("author.did", f"author: {did[:40]!r} is not a base58btc did:key (did:key:z…)")
+    try:
+        raw = multibase.decode(did[len("did:key:") :])
+    except Exception:  # multibase raises several types for bad alphabets
+        raise IdentityError("author.did", f"author: {did[:60]!r} is not valid base58btc") from None
+    if len(raw) != 34 or not raw.startswith(_ED25519_PUB_MULTICODEC):
+        raise IdentityError("author.did", f"author: {did[:60]!r} is not an Ed25519 did:key (multicodec 0xed)")
+    try:
+        return nacl.signing.VerifyKey(raw[2:])
+    except Exception:
+        raise IdentityError("author.did", f"author: {did[:60]!r} holds no valid Ed25519 point") from None
+
+
+def public_key_from_did(did: str) -> bytes:
+    """The 32-byte Ed25519 public key inside a did:key; raises IdentityError('author.did') if it is not one."""
+    return bytes(_verify_key(did))
+
+
+def verify_signature(did: str, message: bytes, signature: bytes) -> bool:
+    """True when `signature` is the author's Ed25519 signature of `message`."""
+    verify_key = _verify_key(did)
+    if len(signature) != SIGNATURE_LENGTH:
+        return False
+    try:
+        verify_key.verify(message, signature)
+    except nacl.exceptions.BadSignatureError:
+        return False
+    return True
+
+
+class AuthorKey:
+    """An Ed25519 signing key and its did:key."""
+
+    def __init__(self, seed: bytes) -> None:
+        self._signing_key = nacl.signing.SigningKey(seed)
+        self.did = did_from_public_key(bytes(self._signing_key.verify_key))
+
+    @classmethod
+    def generate(cls) -> AuthorKey:
+        return cls(os.urandom(32))
+
+    @property
+    def seed(self) -> bytes:
+        return bytes(self._signing_key)
+
+    def sign(self, message: bytes) -> bytes:
+        return self._signing_key.sign(message).signature
+
+    def save(self, path: Path) -> None:
+        """Write the key to a new file created 0600; never overwrite an existing key."""
+        body = json.dumps({"type": _KEY_FILE_TYPE, "seed": self.seed.hex(), "did": self.did}) + "\n"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise IdentityError("keyfile.exists", f"{path}: already exists; refusing to overwrite a key") from None
+        except OSError as exc:
+            raise IdentityError("keyfile.io", f"{path}: cannot create ({exc.strerror})") from None
+        with os.fdopen(fd, "w") as handle:
+            handle.write(body)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    @classmethod
+    def load(cls, path: Path) -> AuthorKey:
+        """Read a key file; refuse one that group or others can read, or whose did does not match its seed."""
+        try:
+            mode = os.stat(path).st_mode
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise IdentityError("keyfile.io", f"{path}: cannot read ({exc.strerror})") from None
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            raise IdentityError(
+                "keyfile.permissions",
+                f"{path}: mode {stat.S_IMODE(mode):04o} lets others read the key; run chmod 600 {path}",
+            )
+        try:
+            record = json.loads(text)
+            if record["type"] != _KEY_FILE_TYPE:
+                raise ValueError(f"type {record['type']!r}")
+            key = cls(bytes.fromhex(record["seed"]))
+        except Exception as exc:
+            raise IdentityError("keyfile.format", f"{path}: not an {_KEY_FILE_TYPE} key file ({exc})") from None
+        if record.get("did") != key.did:
+            raise IdentityError("keyfile.format", f"{path}: its did does not match its seed (file damaged?)")
+        return key

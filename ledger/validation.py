@@ -1,0 +1,243 @@
+"""Stateless validation: everything a node can check about one operation without its library.
+
+Every failure is a ValidationError with a stable dotted code and a message naming the field.
+Redundancy is deliberately NOT checked here: it depends on local state (the merge rules decide).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ledger.cid import CID
+from ledger.errors import LedgerError
+from ledger.keys import IdentityError, public_key_from_did, verify_signature
+from ledger.ops import Block, Experience, Kind, Operation, decode_block
+from ledger.params import NetworkParams
+
+_INT63_MAX = 2**63 - 1
+_DOMAIN_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+#: Unicode category Cc: C0 controls, DEL and C1 controls
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+# Structure (format seed 1): "When [context], [action]" (also "For …, …", "If …, …"),
+# or "[precondition] implies [strategy]".
+_CONTEXT_CLAUSE = re.compile(r"(?:when|for|if)\s+\w[^,]*,\s*\w", re.IGNORECASE)
+_IMPLICATION = re.compile(r"\w.*?\s+implies\s+\w", re.IGNORECASE | re.DOTALL)
+
+# Generality (format seed 1: "no problem-specific constants"). A heuristic, documented in
+# docs/PROTOCOL.md: an experience states a strategy, so it holds no equations, no algebra and no
+# concrete numbers. Single digits stay allowed ("2 cases", "3D geometry").
+_EQUATION = re.compile(r"[\w)\]]\s*(?:==|=|≠|≤|≥|<|>)\s*[-\w(\[]")
+_EXPRESSION = re.compile(r"\w\s*\^\s*[-\w(]|\d\s*[-+*/\u00d7\u00f7]\s*\d|\b\d+[a-z]\b")
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,/:]\d+)*")
+#: a cheap pre-filter: text without any of these characters passes all three generality rules
+_GENERALITY_HINT = re.compile(r"[\d=<>≠≤≥^]")
+
+
+class ValidationError(LedgerError):
+    """One broken rule of one operation."""
+
+
+def count_tokens(text: str) -> int:
+    """The deterministic token count used when a network limits text in tokens: words and punctuation marks."""
+    return len(_TOKEN.findall(text))
+
+
+def text_length(text: str, params: NetworkParams) -> int:
+    return len(text.split()) if params.text_unit == "words" else count_tokens(text)
+
+
+def check_text(text: str, params: NetworkParams, path: str = "content.text") -> list[ValidationError]:
+    """Length, structure and generality of an experience's text."""
+    errors = []
+    if not text.strip():
+        return [ValidationError("text.empty", f"{path}: is empty")]
+    if _CONTROL.search(text):
+        errors.append(ValidationError("text.control", f"{path}: holds control characters (newlines, tabs, …)"))
+    length = text_length(text, params)
+    if length > params.text_max:
+        errors.append(
+            ValidationError("text.length", f"{path}: {length} {params.text_unit}, the network allows {params.text_max}")
+        )
+    stripped = text.strip()
+    if not (_CONTEXT_CLAUSE.match(stripped) or _IMPLICATION.match(stripped)):
+        errors.append(
+            ValidationError(
+                "text.structure",
+                f"{path}: must open with a context clause ('When …, …', 'For …, …', 'If …, …') "
+                "or have the form '… implies …'",
+            )
+        )
+    if not _GENERALITY_HINT.search(text):
+        return errors
+    for code, pattern, what in (
+        ("text.generality.equation", _EQUATION, "an equation or inequality"),
+        ("text.generality.expression", _EXPRESSION, "an algebraic expression"),
+        ("text.generality.number", _NUMBER, "a concrete number"),
+    ):
+        found = pattern.search(text)
+        if found and (code != "text.generality.number" or len(found.group()) > 1):
+            errors.append(
+                ValidationError(code, f"{path}: holds {what} ({found.group()!r}); state the strategy, not the problem")
+            )
+    return errors
+
+
+def _check_experience(exp: Experience, params: NetworkParams) -> list[ValidationError]:
+    errors = check_text(exp.text, params)
+    if not 0.0 <= exp.confidence <= 1.0:
+        errors.append(ValidationError("confidence.range", f"content.confidence: {exp.confidence} is outside [0, 1]"))
+    if not 1 <= len(exp.domain) <= params.max_domain_depth:
+        errors.append(
+            ValidationError(
+                "domain.depth", f"content.domain: {len(exp.domain)} labels, expected 1 to {params.max_domain_depth}"
+            )
+        )
+    for index, label in enumerate(exp.domain):
+        if not _DOMAIN_LABEL.fullmatch(label):
+            errors.append(
+                ValidationError(
+                    "domain.syntax",
+                    f"content.domain[{index}]: {label[:40]!r} must be 1-32 of a-z 0-9 _ -, starting with a letter",
+                )
+            )
+    if len(exp.examples) > params.max_examples:
+        errors.append(
+            ValidationError(
+                "limits.examples",
+                f"content.examples: {len(exp.examples)} examples, the network allows {params.max_examples}",
+            )
+        )
+    for index, example in enumerate(exp.examples):
+        for name, value in (("input", example.input), ("output", example.output)):
+            if len(value) > params.max_example_chars:
+                errors.append(
+                    ValidationError(
+                        "limits.example_size",
+                        f"content.examples[{index}].{name}: {len(value)} characters, "
+                        f"the network allows {params.max_example_chars}",
+                    )
+                )
+    if len(exp.source) > params.max_source_chars:
+        errors.append(
+            ValidationError("limits.source", f"content.source: longer than {params.max_source_chars} characters")
+        )
+    errors.extend(_check_embedding(exp, params))
+    return errors
+
+
+def _check_embedding(exp: Experience, params: NetworkParams) -> list[ValidationError]:
+    emb = exp.embedding
+    if emb.model != params.embedding_model:
+        return [
+            ValidationError(
+                "embedding.model",
+                f"content.embedding.model: {emb.model[:60]!r}, the network pins {params.embedding_model!r}",
+            )
+        ]
+    if emb.dim != params.embedding_dim:
+        return [
+            ValidationError(
+                "embedding.dim", f"content.embedding.dim: {emb.dim}, the network pins {params.embedding_dim}"
+            )
+        ]
+    if len(emb.values) != 2 * emb.dim:
+        return [
+            ValidationError(
+                "embedding.size",
+                f"content.embedding.values: {len(emb.values)} bytes, expected {2 * emb.dim} (2 bytes per float16)",
+            )
+        ]
+    vector = np.frombuffer(emb.values, dtype="<f2")
+    if not np.isfinite(vector).all():
+        return [ValidationError("embedding.nonfinite", "content.embedding.values: holds NaN or infinity")]
+    if not vector.any():
+        return [ValidationError("embedding.zero", "content.embedding.values: is the zero vector")]
+    return []
+
+
+def _check_links(links: tuple[CID, ...], name: str, limit: int) -> list[ValidationError]:
+    errors = []
+    if len(links) > limit:
+        errors.append(ValidationError(f"limits.{name}", f"{name}: {len(links)} links, the network allows {limit}"))
+    if any(links[i] >= links[i + 1] for i in range(len(links) - 1)):
+        errors.append(ValidationError(f"{name}.order", f"{name}: must be sorted by binary CID with no duplicates"))
+    return errors
+
+
+def check_operation(op: Operation, params: NetworkParams, signing_bytes: bytes | None = None) -> list[ValidationError]:
+    """Every rule about one decoded operation, its signature included; empty when valid.
+
+    `signing_bytes` may pass the unsigned encoding when the caller already has it (see Block.signing_bytes).
+    """
+    if signing_bytes is None:
+        signing_bytes = op.signing_bytes()
+    errors: list[ValidationError] = []
+    author_ok = True
+    try:
+        public_key_from_did(op.author)
+    except IdentityError as exc:
+        errors.append(ValidationError(exc.code, exc.message))
+        author_ok = False
+    if not 1 <= op.clock <= _INT63_MAX:
+        errors.append(ValidationError("clock.range", f"clock: {op.clock} is outside [1, 2^63-1]"))
+    if not 0 <= op.created <= _INT63_MAX:
+        errors.append(ValidationError("created.range", f"created: {op.created} is outside [0, 2^63-1]"))
+    errors.extend(_check_links(op.parents, "parents", params.max_parents))
+    if op.content is not None:
+        errors.extend(_check_experience(op.content, params))
+    if op.kind is Kind.MERGE:
+        if len(op.targets) < 2:
+            errors.append(
+                ValidationError(
+                    "targets.count", f"targets: a merge needs at least 2 experiences, got {len(op.targets)}"
+                )
+            )
+        errors.extend(_check_links(op.targets, "targets", params.max_merge_targets))
+    if op.reason is not None:
+        if not op.reason.strip():
+            errors.append(ValidationError("reason.empty", "reason: is empty"))
+        elif len(op.reason) > params.max_reason_chars:
+            errors.append(ValidationError("limits.reason", f"reason: longer than {params.max_reason_chars} characters"))
+    if op.kind is Kind.VOTE and op.vote not in (1, -1):
+        errors.append(ValidationError("vote.value", f"vote: {op.vote} must be +1 or -1"))
+    if len(op.signature) != 64:
+        errors.append(ValidationError("signature.length", f"signature: {len(op.signature)} bytes, expected 64"))
+    elif author_ok and not verify_signature(op.author, signing_bytes, op.signature):
+        errors.append(ValidationError("signature.invalid", "signature: does not verify against the author's key"))
+    return errors
+
+
+def inspect(
+    data: bytes, params: NetworkParams, expected_cid: CID | None = None
+) -> tuple[Block | None, list[LedgerError]]:
+    """Decode and check `data`, collecting every failure (for `expledger op inspect` and RPC error details)."""
+    if len(data) > params.max_op_bytes:
+        return None, [
+            ValidationError(
+                "limits.op_bytes", f"operation: {len(data)} bytes, the network allows {params.max_op_bytes}"
+            )
+        ]
+    try:
+        block = decode_block(data)
+    except LedgerError as exc:
+        return None, [exc]
+    errors: list[LedgerError] = []
+    if expected_cid is not None and block.cid != expected_cid:
+        errors.append(
+            ValidationError("cid.mismatch", f"cid: content hashes to {block.cid}, not the claimed {expected_cid}")
+        )
+    errors.extend(check_operation(block.op, params, block.signing_bytes()))
+    return block, errors
+
+
+def validate(data: bytes, params: NetworkParams, expected_cid: CID | None = None) -> Block:
+    """Decode and fully check one operation; raise the first failure (a LedgerError) or return the Block."""
+    block, errors = inspect(data, params, expected_cid)
+    if errors:
+        raise errors[0]
+    assert block is not None
+    return block

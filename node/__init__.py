@@ -1,0 +1,1 @@
+"""The daemon side: wiring, configuration, RPC, command line."""
