@@ -163,7 +163,7 @@ def _check_links(links: tuple[CID, ...], name: str, limit: int) -> list[Validati
     errors = []
     if len(links) > limit:
         errors.append(ValidationError(f"limits.{name}", f"{name}: {len(links)} links, the network allows {limit}"))
-    if any(links[i] >= links[i + 1] for i in range(len(links) - 1)):
+    if any(links[i].raw >= links[i + 1].raw for i in range(len(links) - 1)):
         errors.append(ValidationError(f"{name}.order", f"{name}: must be sorted by binary CID with no duplicates"))
     return errors
 

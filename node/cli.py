@@ -116,9 +116,11 @@ def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
 
 def _read_operation_bytes(source: str) -> bytes:
     """A file holding raw DAG-CBOR or hex, or hex given directly."""
-    path = Path(source)
-    if path.is_file():
-        data = path.read_bytes()
+    try:
+        data = Path(source).read_bytes()
+    except OSError:
+        data = None  # not a readable file (or a name too long to be one): try it as hex
+    if data is not None:
         try:
             return bytes.fromhex(data.decode("ascii").strip())
         except (UnicodeDecodeError, ValueError):

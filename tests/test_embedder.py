@@ -1,0 +1,51 @@
+"""The hashing embedder is deterministic, unit-length and meaningful enough to test with."""
+
+import struct
+
+import numpy as np
+import pytest
+
+from ledger.embedder import EmbedderError, HashingEmbedder, embedder_for, pack_float16, unpack_float16
+from ledger.params import NetworkParams
+from tests.factories import SEED_TEXTS
+
+
+def test_vectors_are_unit_float32_and_deterministic():
+    embedder = HashingEmbedder(256)
+    first = embedder.embed(list(SEED_TEXTS))
+    assert first.dtype == np.float32 and first.shape == (4, 256)
+    assert np.allclose(np.linalg.norm(first, axis=1), 1.0, atol=1e-6)
+    assert np.array_equal(first, HashingEmbedder(256).embed(list(SEED_TEXTS)))
+    assert np.array_equal(first[1], embedder.embed([SEED_TEXTS[1]])[0])
+
+
+def test_related_texts_score_higher_than_unrelated():
+    embedder = HashingEmbedder(256)
+    geometry, paraphrase, other = embedder.embed(
+        [
+            SEED_TEXTS[0],
+            "When solving geometry intersection problems, validate that solutions lie within bounded segments.",
+            "For complex polynomials with real parameters, separate real and imaginary parts.",
+        ]
+    )
+    assert float(geometry @ paraphrase) > float(geometry @ other) + 0.2
+
+
+def test_text_without_words_embeds_to_zero():
+    assert not HashingEmbedder(64).embed(["!!!"]).any()
+
+
+def test_float16_packing_round_trips_within_half_precision():
+    vector = HashingEmbedder(256).embed([SEED_TEXTS[2]])[0]
+    packed = pack_float16(vector)
+    assert len(packed) == 512
+    assert np.allclose(unpack_float16(packed), vector, atol=1e-3)
+    assert packed[:2] == struct.pack("<e", vector[0])  # IEEE half precision, little-endian
+
+
+def test_pinned_model_must_be_loadable():
+    assert embedder_for(NetworkParams(embedding_dim=128)).dim == 128
+    with pytest.raises(EmbedderError) as caught:
+        embedder_for(NetworkParams(embedding_model="zen-reranker-7680"))
+    assert caught.value.code == "embedder.unavailable"
+    assert "zen-reranker-7680" in caught.value.message
