@@ -35,6 +35,8 @@ class NetworkParams:
     max_parents: int = 64
     max_merge_targets: int = 16
     max_domain_depth: int = 8
+    #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
+    near_duplicate_cosine: float = 0.9
 
     @classmethod
     def from_file(cls, path: Path) -> NetworkParams:
@@ -53,11 +55,13 @@ class NetworkParams:
         for name, value in raw.items():
             if name not in fields:
                 raise ParamsError("params.unknown", f"{source}: unknown parameter {name!r}")
-            expected = str if name in ("text_unit", "embedding_model") else int
+            expected = {"text_unit": str, "embedding_model": str, "near_duplicate_cosine": float}.get(name, int)
             if type(value) is not expected:
                 raise ParamsError("params.type", f"{source}: {name} must be {expected.__name__}")
             if expected is int and value <= 0:
                 raise ParamsError("params.range", f"{source}: {name} must be positive, got {value}")
+        if not 0.0 < raw.get("near_duplicate_cosine", 0.9) < 1.0:
+            raise ParamsError("params.range", f"{source}: near_duplicate_cosine must be in (0, 1)")
         if raw.get("text_unit", "words") not in ("words", "tokens"):
             raise ParamsError("params.range", f"{source}: text_unit must be 'words' or 'tokens'")
         return cls(**raw)

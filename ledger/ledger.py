@@ -1,0 +1,303 @@
+"""A node's ledger: validate, store, log, wait for dependencies, fold — one atomic batch at a time."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger import codec
+from ledger.cid import CID
+from ledger.errors import LedgerError
+from ledger.keys import AuthorKey
+from ledger.library import Library, OpMeta
+from ledger.merkle import MerkleLog, ProofError, TreeHead
+from ledger.ops import Block, decode_block
+from ledger.params import NetworkParams
+from ledger.stateroot import StateRoot
+from ledger.store import (
+    BLOCK,
+    BY_AUTHOR,
+    BY_DOMAIN,
+    BY_TARGET,
+    EXPERIENCE,
+    LOG,
+    META,
+    OPMETA,
+    ORDER,
+    PENDING,
+    SEQ,
+    STATUS,
+    UNDO,
+    WAITER,
+    Store,
+    StoreError,
+    Transaction,
+    u64,
+)
+from ledger.validation import inspect
+
+log = logging.getLogger(__name__)
+
+DB_DIR = "ledger.db"
+NODE_KEY = "node.key"
+_STATE_ROOT = META + b"state_root"
+_CID_LEN = 36
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What happened to one submitted operation."""
+
+    cid: CID | None
+    status: str  # "applied", "pending", "duplicate" or "invalid"
+    errors: tuple[LedgerError, ...] = ()
+
+
+class Ledger:
+    """The storage side of a node. Synchronous: the daemon runs it off the event loop."""
+
+    def __init__(self, data_dir: Path, params: NetworkParams, store: Store, node_key: AuthorKey) -> None:
+        self.data_dir = data_dir
+        self.params = params
+        self.store = store
+        self.node_key = node_key
+        self.merkle = MerkleLog(store)
+        self.library = Library(store, params)
+        self._state_root = StateRoot(store.get(_STATE_ROOT))
+
+    @classmethod
+    def open(cls, data_dir: Path, params: NetworkParams | None = None) -> Ledger:
+        """Open a data directory, creating it when it does not exist or is empty.
+
+        An existing directory whose database is missing, corrupt or foreign is an error: a node
+        must never come up with a silently empty ledger.
+        """
+        data_dir = Path(data_dir)
+        fresh = not data_dir.exists() or not any(data_dir.iterdir())
+        if fresh:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            os.chmod(data_dir, 0o700)
+            store = Store(data_dir / DB_DIR, create=True)
+            AuthorKey.generate().save(data_dir / NODE_KEY)
+        else:
+            store = Store(data_dir / DB_DIR, create=False)
+        try:
+            node_key = AuthorKey.load(data_dir / NODE_KEY)
+        except LedgerError as exc:
+            store.close()
+            raise StoreError(exc.code, f"node key: {exc.message}") from None
+        return cls(data_dir, params or NetworkParams(), store, node_key)
+
+    def close(self) -> None:
+        self.store.close()
+
+    # --- ingest ------------------------------------------------------------------------------
+
+    def submit(self, data: bytes, expected_cid: CID | None = None) -> Outcome:
+        return self.ingest([data], [expected_cid])[0]
+
+    def ingest(self, items: Sequence[bytes], expected: Sequence[CID | None] | None = None) -> list[Outcome]:
+        """Validate, store, log and fold a batch in one durable write; returns after the data is synced."""
+        outcomes: list[Outcome] = []
+        accepted: list[Block] = []
+        seen: set[bytes] = set()
+        for index, data in enumerate(items):
+            block, errors = inspect(data, self.params, expected[index] if expected else None)
+            if errors or block is None:
+                outcomes.append(Outcome(block.cid if block else None, "invalid", tuple(errors)))
+            elif block.cid.raw in seen or self.has(block.cid):
+                outcomes.append(Outcome(block.cid, "duplicate"))
+            else:
+                seen.add(block.cid.raw)
+                accepted.append(block)
+                outcomes.append(Outcome(block.cid, ""))
+        if accepted:
+            statuses = self._store_and_fold(accepted)
+            outcomes = [_with_status(o, statuses) for o in outcomes]
+        return outcomes
+
+    def _store_and_fold(self, blocks: list[Block]) -> dict[bytes, str]:
+        txn = self.store.transaction()
+        root = StateRoot(self._state_root.to_bytes())
+        try:
+            ready = []
+            for block in blocks:
+                cid = block.cid.raw
+                meta = OpMeta.of(block.op)
+                txn.put(BLOCK + cid, block.data)
+                txn.put(OPMETA + cid, meta.encode())
+                position = self.merkle.append(txn, cid)
+                txn.put(BY_AUTHOR + block.op.author.encode() + b"\x00" + u64(position), cid)
+                root.add(cid)
+                waiting = [dep for dep in dict.fromkeys(meta.parents + meta.targets) if not self._applied(txn, dep)]
+                if waiting:
+                    txn.put(PENDING + cid, b"".join(waiting))
+                    for dep in waiting:
+                        txn.put(WAITER + dep + cid, b"")
+                else:
+                    ready.append(cid)
+            applied = self._release(txn, ready)
+            txn.put(_STATE_ROOT, root.to_bytes())
+            new_ops = {block.cid.raw: block.op for block in blocks}
+            self.library.apply(
+                txn,
+                [(cid, new_ops[cid] if cid in new_ops else decode_block(txn.get(BLOCK + cid)).op) for cid in applied],
+            )
+            txn.commit()
+        except BaseException:
+            self.merkle.reload()
+            self.library.reset()
+            raise
+        self._state_root = root
+        done = set(applied)
+        return {block.cid.raw: "applied" if block.cid.raw in done else "pending" for block in blocks}
+
+    def _applied(self, view: Store | Transaction, cid: bytes) -> bool:
+        return view.get(OPMETA + cid) is not None and view.get(PENDING + cid) is None
+
+    def _release(self, txn: Transaction, ready: list[bytes]) -> list[bytes]:
+        """Mark `ready` applied and wake, transitively, every pending operation that waited only on them."""
+        applied, queue = [], list(ready)
+        while queue:
+            cid = queue.pop()
+            applied.append(cid)
+            for key, _ in list(txn.scan(WAITER + cid)):
+                waiter = key[1 + _CID_LEN :]
+                txn.delete(key)
+                still = [d for d in _split(txn.get(PENDING + waiter) or b"") if d != cid]
+                if still:
+                    txn.put(PENDING + waiter, b"".join(still))
+                else:
+                    txn.delete(PENDING + waiter)
+                    queue.append(waiter)
+        return applied
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def has(self, cid: CID) -> bool:
+        return self.store.get(BLOCK + cid.raw) is not None
+
+    def block(self, cid: CID) -> bytes | None:
+        return self.store.get(BLOCK + cid.raw)
+
+    def status(self, cid: CID) -> dict[str, Any] | None:
+        """What the fold made of an operation, or {"outcome": "pending", "waiting_for": [...]}."""
+        pending = self.store.get(PENDING + cid.raw)
+        if pending is not None:
+            return {"outcome": "pending", "waiting_for": [CID(d) for d in _split(pending)]}
+        raw = self.store.get(STATUS + cid.raw)
+        return codec.decode(raw) if raw is not None else None
+
+    def pending(self) -> list[CID]:
+        return [CID(key[1:]) for key, _ in self.store.scan(PENDING)]
+
+    def missing(self) -> set[CID]:
+        """CIDs that pending operations depend on and this node has never seen: what sync must fetch."""
+        wanted = {key[1 : 1 + _CID_LEN] for key, _ in self.store.scan(WAITER)}
+        return {CID(raw) for raw in wanted if self.store.get(BLOCK + raw) is None}
+
+    def experience(self, exp_id: CID) -> dict[str, Any] | None:
+        return self.library.record(self.store, exp_id.raw)
+
+    def resolve(self, exp_id: CID) -> CID:
+        return CID(self.library.resolve(self.store, exp_id.raw))
+
+    def live_ids(self, domain_prefix: str = "") -> list[CID]:
+        """Live experiences whose domain equals `domain_prefix` or lies under it (all when empty)."""
+        if not domain_prefix:
+            return [r["id"] for r in self.library.experiences() if r["status"] == "live"]
+        ids = []
+        for prefix in (domain_prefix.encode() + b"\x00", domain_prefix.encode() + b"."):
+            ids.extend(CID(key[-_CID_LEN:]) for key, _ in self.store.scan(BY_DOMAIN + prefix))
+        return ids
+
+    def by_author(self, author: str) -> list[CID]:
+        return [CID(value) for _, value in self.store.scan(BY_AUTHOR + author.encode() + b"\x00")]
+
+    def by_target(self, target: CID) -> list[CID]:
+        return [CID(key[-_CID_LEN:]) for key, _ in self.store.scan(BY_TARGET + target.raw)]
+
+    def applied_in_order(self) -> list[CID]:
+        return [CID(key[9:]) for key, _ in self.store.scan(ORDER)]
+
+    def state_root(self) -> bytes:
+        return self._state_root.digest()
+
+    def snapshot(self) -> bytes:
+        return self.library.snapshot()
+
+    # --- log and proofs ----------------------------------------------------------------------
+
+    @property
+    def log_size(self) -> int:
+        return self.merkle.size
+
+    def logged(self, position: int) -> CID:
+        raw = self.store.get(LOG + u64(position))
+        if raw is None:
+            raise ProofError("proof.leaf", f"position {position} is not in the log (size {self.log_size})")
+        return CID(raw)
+
+    def position(self, cid: CID) -> int | None:
+        raw = self.store.get(SEQ + cid.raw)
+        return int.from_bytes(raw, "big") if raw is not None else None
+
+    def tree_head(self) -> TreeHead:
+        """A freshly signed head for the current log."""
+        return TreeHead.sign(self.log_size, self.merkle.root(), self.node_key)
+
+    def inclusion_proof(self, cid: CID, size: int | None = None) -> dict[str, Any]:
+        position = self.position(cid)
+        if position is None:
+            raise ProofError("proof.unknown", f"{cid} is not in this node's log")
+        size = self.log_size if size is None else size
+        return {
+            "cid": str(cid),
+            "leaf_index": position,
+            "tree_size": size,
+            "leaf_hash": self.merkle.leaf_hash(position).hex(),
+            "audit_path": [h.hex() for h in self.merkle.inclusion_path(position, size)],
+            "root": self.merkle.root(size).hex(),
+        }
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> dict[str, Any]:
+        new_size = self.log_size if new_size is None else new_size
+        return {
+            "old_size": old_size,
+            "new_size": new_size,
+            "old_root": self.merkle.root(old_size).hex(),
+            "new_root": self.merkle.root(new_size).hex(),
+            "proof": [h.hex() for h in self.merkle.consistency_path(old_size, new_size)],
+        }
+
+    # --- maintenance -------------------------------------------------------------------------
+
+    def rebuild_library(self) -> None:
+        """Fold every applied operation again from nothing: a clean rebuild of the library from the log."""
+        applied = [key[9:] for key, _ in self.store.scan(ORDER)]
+        log.info("rebuilding the library from %d applied operations", len(applied))
+        txn = self.store.transaction()
+        for table in (EXPERIENCE, BY_DOMAIN, STATUS, UNDO, ORDER, BY_TARGET):
+            for key, _ in self.store.scan(table):
+                txn.delete(key)
+        self.library.reset(empty=True)
+        try:
+            self.library.apply(txn, [(cid, decode_block(self.store.get(BLOCK + cid)).op) for cid in applied])
+            txn.commit()
+        except BaseException:
+            self.library.reset()
+            raise
+
+
+def _split(raw: bytes) -> list[bytes]:
+    return [raw[i : i + _CID_LEN] for i in range(0, len(raw), _CID_LEN)]
+
+
+def _with_status(outcome: Outcome, statuses: dict[bytes, str]) -> Outcome:
+    if outcome.status or outcome.cid is None:
+        return outcome
+    return Outcome(outcome.cid, statuses[outcome.cid.raw])

@@ -1,0 +1,460 @@
+"""The materialized library: a deterministic fold of the applied operations in canonical order.
+
+Canonical order is (Lamport clock, binary CID). The library is the result of folding every
+applied operation in that order with the rules of docs/PROTOCOL.md §7, so it depends only on the
+SET of operations. Each fold step records how to undo itself; an operation that arrives late and
+sorts before already-folded ones undoes the tail, takes its place, and folds the tail again.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from ledger import codec
+from ledger.cid import CID
+from ledger.embedder import unpack_float16
+from ledger.ops import Experience, Kind, Operation, decode_block
+from ledger.params import NetworkParams
+from ledger.store import (
+    BLOCK,
+    BY_DOMAIN,
+    BY_TARGET,
+    EXPERIENCE,
+    OPMETA,
+    ORDER,
+    STATUS,
+    UNDO,
+    Store,
+    Transaction,
+    u64,
+)
+
+_KINDS = list(Kind)
+_META_HEAD = struct.Struct(">QBBB")
+_CID_LEN = 36
+_META_CACHE_LIMIT = 200_000
+#: the float32 pre-filter may not drop a true near-duplicate: its error is far below this margin
+_PREFILTER_MARGIN = 1e-3
+
+
+@dataclass(frozen=True, slots=True)
+class OpMeta:
+    """What causality needs of an operation, stored compactly beside its block."""
+
+    clock: int
+    kind: Kind
+    parents: tuple[bytes, ...]
+    targets: tuple[bytes, ...]
+
+    @classmethod
+    def of(cls, op: Operation) -> OpMeta:
+        targets = op.targets if op.kind is Kind.MERGE else ((op.target,) if op.target is not None else ())
+        return cls(op.clock, op.kind, tuple(p.raw for p in op.parents), tuple(t.raw for t in targets))
+
+    def encode(self) -> bytes:
+        head = _META_HEAD.pack(self.clock, _KINDS.index(self.kind), len(self.parents), len(self.targets))
+        return head + b"".join(self.parents) + b"".join(self.targets)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> OpMeta:
+        clock, kind, n_parents, n_targets = _META_HEAD.unpack_from(raw)
+        links = raw[_META_HEAD.size :]
+        cut = n_parents * _CID_LEN
+        parents = tuple(links[i : i + _CID_LEN] for i in range(0, cut, _CID_LEN))
+        targets = tuple(links[i : i + _CID_LEN] for i in range(cut, cut + n_targets * _CID_LEN, _CID_LEN))
+        return cls(clock, _KINDS[kind], parents, targets)
+
+
+def order_key(clock: int, cid_raw: bytes) -> bytes:
+    return u64(clock) + cid_raw
+
+
+def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
+    """cos(a, b) > threshold for float16 vectors, decided exactly with integers (identical on every machine).
+
+    Every float16 is an integer multiple of 2^-24, so scaled values, their dot product and norms
+    are exact integers; cos > p/q  <=>  dot > 0 and q²·dot² > p²·|a|²·|b|² (for p/q >= 0).
+    """
+    scale = float(1 << 24)
+    ints_a = (np.frombuffer(a, dtype="<f2").astype(np.float64) * scale).astype(np.int64).tolist()
+    ints_b = (np.frombuffer(b, dtype="<f2").astype(np.float64) * scale).astype(np.int64).tolist()
+    dot = sum(map(operator.mul, ints_a, ints_b))
+    if dot <= 0:
+        return False
+    norm_a = sum(x * x for x in ints_a)
+    norm_b = sum(x * x for x in ints_b)
+    p, q = threshold.numerator, threshold.denominator
+    return q * q * dot * dot > p * p * norm_a * norm_b
+
+
+class _LiveVectors:
+    """Unit float32 vectors of live experiences, to pre-filter near-duplicate candidates."""
+
+    def __init__(self, dim: int) -> None:
+        self._matrix = np.zeros((1024, dim), dtype=np.float32)
+        self._row: dict[bytes, int] = {}
+        self._ids: list[bytes | None] = []
+        self._free: list[int] = []
+        self.raw: dict[bytes, bytes] = {}
+        self.version: dict[bytes, bytes] = {}
+
+    def set(self, exp_id: bytes, version: bytes, values: bytes) -> None:
+        vector = unpack_float16(values)
+        norm = float(np.linalg.norm(vector))
+        row = self._row.get(exp_id)
+        if row is None:
+            row = self._free.pop() if self._free else len(self._ids)
+            if row == len(self._ids):
+                self._ids.append(None)
+            if row >= len(self._matrix):
+                self._matrix = np.vstack([self._matrix, np.zeros_like(self._matrix)])
+            self._row[exp_id] = row
+            self._ids[row] = exp_id
+        self._matrix[row] = vector / norm if norm else 0.0
+        self.raw[exp_id] = values
+        self.version[exp_id] = version
+
+    def remove(self, exp_id: bytes) -> None:
+        row = self._row.pop(exp_id, None)
+        if row is not None:
+            self._matrix[row] = 0.0
+            self._ids[row] = None
+            self._free.append(row)
+            del self.raw[exp_id], self.version[exp_id]
+
+    def candidates(self, values: bytes, threshold: float) -> list[bytes]:
+        if not self._row:
+            return []
+        vector = unpack_float16(values)
+        norm = float(np.linalg.norm(vector))
+        if not norm:
+            return []
+        scores = self._matrix[: len(self._ids)] @ (vector / norm)
+        rows = np.nonzero(scores > threshold - _PREFILTER_MARGIN)[0]
+        return [exp_id for row in rows.tolist() if (exp_id := self._ids[row]) is not None]
+
+
+class _Step:
+    """The writes of one fold step, remembering each key's previous value so the step can be undone."""
+
+    def __init__(self, library: Library, txn: Transaction) -> None:
+        self._library = library
+        self._txn = txn
+        self.undo: list[list[bytes | None]] = []
+        self._touched: set[bytes] = set()
+
+    def get(self, key: bytes) -> bytes | None:
+        return self._txn.get(key)
+
+    def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+        return self._txn.scan(prefix)
+
+    def put(self, key: bytes, value: bytes | None) -> None:
+        if key not in self._touched:
+            self._touched.add(key)
+            self.undo.append([key, self._txn.get(key)])
+        self._library.write_state(self._txn, key, value)
+
+
+def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
+    return [CID(raw) for raw in sorted(set(raws))]
+
+
+class Library:
+    """Folds applied operations into experience records (table X), statuses (V) and the domain index (D)."""
+
+    def __init__(self, store: Store, params: NetworkParams) -> None:
+        self._store = store
+        self._params = params
+        self._threshold = Fraction(params.near_duplicate_cosine)
+        self._meta: dict[bytes, OpMeta] = {}
+        self._vectors: _LiveVectors | None = None
+        self.refolded = 0  # operations folded again because a late one sorted before them
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def meta(self, view: Store | Transaction, cid_raw: bytes) -> OpMeta:
+        found = self._meta.get(cid_raw)
+        if found is None:
+            raw = view.get(OPMETA + cid_raw)
+            if raw is None:
+                raise KeyError(f"no operation {CID(cid_raw)}")
+            found = OpMeta.decode(raw)
+            if len(self._meta) >= _META_CACHE_LIMIT:
+                self._meta.clear()
+            self._meta[cid_raw] = found
+        return found
+
+    @staticmethod
+    def record(view: Store | Transaction, exp_id: bytes) -> dict[str, Any] | None:
+        raw = view.get(EXPERIENCE + exp_id)
+        return codec.decode(raw) if raw is not None else None
+
+    @staticmethod
+    def content(view: Store | Transaction, op_cid: bytes) -> Experience:
+        op = decode_block(view.get(BLOCK + op_cid)).op
+        assert op.content is not None
+        return op.content
+
+    def resolve(self, view: Store | Transaction, exp_id: bytes) -> bytes:
+        """Follow aliases (merged or absorbed experiences) to the experience that stands for them."""
+        record = self.record(view, exp_id)
+        while record is not None and record["status"] == "alias":
+            exp_id = record["alias_of"].raw
+            record = self.record(view, exp_id)
+        return exp_id
+
+    def experiences(self) -> Iterator[dict[str, Any]]:
+        for _, raw in self._store.scan(EXPERIENCE):
+            yield codec.decode(raw)
+
+    def snapshot(self) -> bytes:
+        """Every experience record and operation status, canonically encoded: equal bytes, equal library."""
+        statuses = [[CID(key[1:]), codec.decode(raw)] for key, raw in self._store.scan(STATUS)]
+        return codec.encode({"experiences": list(self.experiences()), "statuses": statuses})
+
+    def is_ancestor(self, view: Store | Transaction, ancestor: bytes, descendant: bytes) -> bool:
+        """Whether `ancestor` is reachable from `descendant` through parent links.
+
+        The walk only enters operations whose clock exceeds the ancestor's; with valid clocks
+        (each above its parents') that is exactly reachability.
+        """
+        floor = self.meta(view, ancestor).clock
+        stack = list(self.meta(view, descendant).parents)
+        seen: set[bytes] = set()
+        while stack:
+            parent = stack.pop()
+            if parent == ancestor:
+                return True
+            if parent in seen:
+                continue
+            seen.add(parent)
+            meta = self.meta(view, parent)
+            if meta.clock > floor:
+                stack.extend(meta.parents)
+        return False
+
+    # --- writing -----------------------------------------------------------------------------
+
+    def reset(self, empty: bool = False) -> None:
+        """Drop in-memory state after a transaction that did not commit (`empty`: for a rebuild from nothing)."""
+        self._vectors = _LiveVectors(self._params.embedding_dim) if empty else None
+
+    def _live_vectors(self) -> _LiveVectors:
+        if self._vectors is None:
+            vectors = _LiveVectors(self._params.embedding_dim)
+            for record in self.experiences():
+                if record["status"] == "live":
+                    version = record["version"].raw
+                    vectors.set(record["id"].raw, version, self.content(self._store, version).embedding.values)
+            self._vectors = vectors
+        return self._vectors
+
+    def write_state(self, txn: Transaction, key: bytes, value: bytes | None) -> None:
+        """Every write to fold state goes here, so the live vectors follow the experience records."""
+        txn.put(key, value)
+        if key[:1] == EXPERIENCE and self._vectors is not None:
+            record = codec.decode(value) if value is not None else None
+            if record is not None and record["status"] == "live":
+                version = record["version"].raw
+                if self._vectors.version.get(key[1:]) != version:
+                    self._vectors.set(key[1:], version, self.content(txn, version).embedding.values)
+            else:
+                self._vectors.remove(key[1:])
+
+    def apply(self, txn: Transaction, ready: list[tuple[bytes, Operation]]) -> None:
+        """Fold newly applied operations; refold the tail when one sorts before already-folded ones."""
+        if not ready:
+            return
+        self._live_vectors()  # built from committed state, before this transaction changes any record
+        new_keys: dict[bytes, Operation] = {}
+        start = None
+        for cid_raw, op in ready:
+            key = order_key(op.clock, cid_raw)
+            new_keys[key] = op
+            meta = self.meta(txn, cid_raw)
+            for target in meta.targets:
+                txn.put(BY_TARGET + target + key, bytes([_KINDS.index(op.kind)]))
+            start = key if start is None or key < start else start
+        for op in new_keys.values():
+            if op.kind in (Kind.DELETE, Kind.MODIFY):
+                assert op.target is not None
+                for merge_key in self._merges_naming(txn, op.target.raw):
+                    start = min(start, merge_key)
+        assert start is not None
+        tail = [key[1:] for key, _ in txn.scan(ORDER, ORDER + start)]
+        self.refolded += len(tail)
+        for key in reversed(tail):
+            self._undo(txn, key[8:])
+        for key in new_keys:
+            txn.put(ORDER + key, b"")
+        for key in sorted([*tail, *new_keys]):
+            self._fold(txn, key[8:], new_keys.get(key))
+
+    def _merges_naming(self, txn: Transaction, target: bytes) -> Iterator[bytes]:
+        merge = bytes([_KINDS.index(Kind.MERGE)])
+        for key, kind in txn.scan(BY_TARGET + target):
+            if kind == merge:
+                yield key[1 + _CID_LEN :]
+
+    def _undo(self, txn: Transaction, cid_raw: bytes) -> None:
+        undo = codec.decode(txn.get(UNDO + cid_raw))
+        for key, old in reversed(undo):
+            self.write_state(txn, key, old)
+        txn.delete(UNDO + cid_raw)
+
+    def _fold(self, txn: Transaction, cid_raw: bytes, op: Operation | None) -> None:
+        if op is None:
+            op = decode_block(txn.get(BLOCK + cid_raw)).op
+        step = _Step(self, txn)
+        outcome = self._rule(step, cid_raw, op)
+        step.put(STATUS + cid_raw, codec.encode(outcome))
+        txn.put(UNDO + cid_raw, codec.encode(step.undo))
+
+    # --- the rules (docs/PROTOCOL.md §7) -------------------------------------------------------
+
+    def _rule(self, step: _Step, cid: bytes, op: Operation) -> dict[str, Any]:
+        meta = self.meta(step, cid)
+        if any(self.meta(step, parent).clock >= op.clock for parent in meta.parents):
+            return _void("clock.parent", "its clock does not exceed every parent's")
+        for target in meta.targets:
+            if self.meta(step, target).clock >= op.clock:
+                return _void("clock.target", "its clock does not exceed its target's")
+            if self.record(step, target) is None:
+                return _void("target.not_experience", f"target {CID(target)} did not create an experience")
+        if op.kind is Kind.ADD:
+            return self._add(step, cid, op)
+        if op.kind is Kind.MERGE:
+            return self._merge(step, cid, op, meta)
+        exp_id = self.resolve(step, meta.targets[0])
+        record = self.record(step, exp_id)
+        assert record is not None
+        if op.kind is Kind.MODIFY:
+            return self._modify(step, cid, record)
+        if op.kind is Kind.DELETE:
+            record["status"] = "deleted"
+            record["deleted_by"] = _sorted_cids([*(c.raw for c in record["deleted_by"]), cid])
+            self._put_experience(step, record)
+            return _applied(exp_id)
+        record["votes"] = _merge_votes([record["votes"], {op.author: [op.clock, CID(cid), op.vote]}])
+        self._put_experience(step, record)
+        return _applied(exp_id)
+
+    def _add(self, step: _Step, cid: bytes, op: Operation) -> dict[str, Any]:
+        assert op.content is not None
+        record = _new_record(cid, op, support=1)
+        similar = self._earliest_similar(step, op.content.embedding.values)
+        if similar is None:
+            self._put_experience(step, record)
+            return _applied(cid)
+        into = self.record(step, similar)
+        assert into is not None
+        into["support"] += 1
+        into["absorbed"] = _sorted_cids([*(c.raw for c in into["absorbed"]), cid])
+        record["status"], record["alias_of"] = "alias", CID(similar)
+        self._put_experience(step, into)
+        self._put_experience(step, record)
+        return {"outcome": "absorbed", "into": CID(similar)}
+
+    def _earliest_similar(self, step: _Step, values: bytes) -> bytes | None:
+        """The canonically earliest live experience with exact cosine above the near-duplicate threshold."""
+        vectors = self._live_vectors()
+        best: tuple[int, bytes] | None = None
+        for exp_id in vectors.candidates(values, float(self._threshold)):
+            if exact_cosine_exceeds(values, vectors.raw[exp_id], self._threshold):
+                record = self.record(step, exp_id)
+                assert record is not None
+                rank = (record["clock"], exp_id)
+                best = rank if best is None or rank < best else best
+        return best[1] if best else None
+
+    def _modify(self, step: _Step, cid: bytes, record: dict[str, Any]) -> dict[str, Any]:
+        if record["status"] == "deleted":
+            return _void("superseded.deleted", "its experience was deleted (delete beats modify)")
+        heads = [h.raw for h in record["heads"] if not self.is_ancestor(step, h.raw, cid)] + [cid]
+        winner = min(heads, key=lambda head: (-self.meta(step, head).clock, head))
+        record["heads"] = _sorted_cids(heads)
+        record["version"] = CID(winner)
+        record["domain"] = ".".join(self.content(step, winner).domain)
+        self._put_experience(step, record)
+        return _applied(record["id"].raw)
+
+    def _merge(self, step: _Step, cid: bytes, op: Operation, meta: OpMeta) -> dict[str, Any]:
+        delete, modify = bytes([_KINDS.index(Kind.DELETE)]), bytes([_KINDS.index(Kind.MODIFY)])
+        for target in meta.targets:
+            for key, kind in step.scan(BY_TARGET + target):
+                other = key[1 + _CID_LEN + 8 :]
+                if kind == delete and not self.is_ancestor(step, cid, other):
+                    return _void("merge.concurrent_delete", f"{CID(other)} deletes a source (delete beats merge)")
+                if kind == modify and not self.is_ancestor(step, other, cid) and not self.is_ancestor(step, cid, other):
+                    return _void("merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)")
+        roots = sorted({self.resolve(step, target) for target in meta.targets})
+        sources = [self.record(step, root) for root in roots]
+        if any(source is None or source["status"] == "deleted" for source in sources):
+            return _void("merge.target_deleted", "a source was deleted before the merge")
+        record = _new_record(cid, op, support=sum(source["support"] for source in sources if source))
+        record["absorbed"] = _sorted_cids(roots)
+        record["votes"] = _merge_votes([source["votes"] for source in sources if source])
+        for source in sources:
+            assert source is not None
+            source["status"], source["alias_of"] = "alias", CID(cid)
+            self._put_experience(step, source)
+        self._put_experience(step, record)
+        return _applied(cid)
+
+    def _put_experience(self, step: _Step, record: dict[str, Any]) -> None:
+        exp_id = record["id"].raw
+        old = self.record(step, exp_id)
+        if old is not None and old["status"] == "live":
+            step.put(BY_DOMAIN + old["domain"].encode() + b"\x00" + exp_id, None)
+        if record["status"] == "live":
+            step.put(BY_DOMAIN + record["domain"].encode() + b"\x00" + exp_id, b"")
+        record["up"] = sum(1 for vote in record["votes"].values() if vote[2] > 0)
+        record["down"] = sum(1 for vote in record["votes"].values() if vote[2] < 0)
+        step.put(EXPERIENCE + exp_id, codec.encode(record))
+
+
+def _new_record(cid: bytes, op: Operation, support: int) -> dict[str, Any]:
+    assert op.content is not None
+    return {
+        "id": CID(cid),
+        "created_by": op.author,
+        "clock": op.clock,
+        "status": "live",
+        "alias_of": None,
+        "version": CID(cid),
+        "heads": [],
+        "domain": ".".join(op.content.domain),
+        "support": support,
+        "absorbed": [],
+        "deleted_by": [],
+        "votes": {},
+        "up": 0,
+        "down": 0,
+    }
+
+
+def _merge_votes(vote_maps: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
+    """One vote per author: the latest by (clock, CID)."""
+    merged: dict[str, list[Any]] = {}
+    for votes in vote_maps:
+        for author, vote in votes.items():
+            current = merged.get(author)
+            if current is None or (vote[0], vote[1].raw) > (current[0], current[1].raw):
+                merged[author] = vote
+    return merged
+
+
+def _applied(exp_id: bytes) -> dict[str, Any]:
+    return {"outcome": "applied", "experience": CID(exp_id)}
+
+
+def _void(code: str, reason: str) -> dict[str, Any]:
+    return {"outcome": "void", "code": code, "reason": reason}

@@ -1,0 +1,73 @@
+"""Helpers to build ledgers and random multi-author histories for tests and benchmarks."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from ledger.cid import CID
+from ledger.ledger import Ledger
+from ledger.ops import Block, Kind
+from tests import factories as f
+
+CONTEXTS = (
+    "solving geometry problems with intersections",
+    "counting lattice paths on a grid",
+    "bounding a sum of positive terms",
+    "a proof by induction stalls",
+    "comparing two rates of growth",
+    "an invariant seems to fail",
+)
+ACTIONS = (
+    "check the boundary cases separately",
+    "draw the configuration before computing",
+    "look for a bijection with a simpler set",
+    "verify the answer against small cases",
+)
+
+
+def open_ledger(path: Path) -> Ledger:
+    return Ledger.open(path, f.PARAMS)
+
+
+def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Block]:
+    """A causally plausible history: adds (some near-duplicate), concurrent modifies, deletes, merges, votes.
+
+    Parents are a random subset of earlier operations, so many operations are concurrent; a few
+    operations carry a clock that is too low, which the fold must treat as void.
+    """
+    keys = [f.author(i + 1) for i in range(authors)]
+    blocks: list[Block] = []
+    creators: list[Block] = []
+    clocks: dict[CID, int] = {}
+    for _ in range(size):
+        key = rng.choice(keys)
+        roll = rng.random()
+        if not creators or roll < 0.3:
+            kind, fields, targets = Kind.ADD, {}, []
+        elif roll < 0.5:
+            target = rng.choice(creators).cid
+            kind, fields, targets = Kind.MODIFY, {"target": target}, [target]
+        elif roll < 0.6:
+            target = rng.choice(creators).cid
+            kind, fields, targets = Kind.DELETE, {"target": target, "reason": "proven incorrect"}, [target]
+        elif roll < 0.75 and len(creators) >= 2:
+            targets = sorted(rng.sample([c.cid for c in creators], 2))
+            kind, fields = Kind.MERGE, {"targets": tuple(targets), "reason": "same pattern"}
+        else:
+            target = rng.choice(blocks).cid  # sometimes not an experience at all
+            kind, fields, targets = Kind.VOTE, {"target": target, "vote": rng.choice((1, -1))}, [target]
+        if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
+            text = f"When {rng.choice(CONTEXTS)}, {rng.choice(ACTIONS)}."
+            fields["content"] = f.content(text, confidence=rng.choice((0.5, 0.75, 1.0)))
+        seen = rng.sample(blocks, min(len(blocks), rng.randint(0, 3)))
+        parents = {b.cid for b in seen} | {t for t in targets if rng.random() < 0.7}
+        clock = 1 + max((clocks[p] for p in [*parents, *targets]), default=0)
+        if rng.random() < 0.05:
+            clock = max(1, clock - 1)  # a dishonest or buggy clock
+        block = f.signed(f.operation(kind, clock=clock, parents=tuple(parents), **fields), key)
+        clocks[block.cid] = clock
+        blocks.append(block)
+        if kind in (Kind.ADD, Kind.MERGE):
+            creators.append(block)
+    return blocks
