@@ -15,7 +15,7 @@ from ledger.errors import LedgerError
 from ledger.keys import AuthorKey
 from ledger.library import Library, OpMeta
 from ledger.merkle import MerkleLog, ProofError, TreeHead
-from ledger.ops import Block, decode_block
+from ledger.ops import Block, Kind, decode_block
 from ledger.params import NetworkParams
 from ledger.stateroot import StateRoot
 from ledger.store import (
@@ -185,12 +185,26 @@ class Ledger:
         return self.store.get(BLOCK + cid.raw)
 
     def status(self, cid: CID) -> dict[str, Any] | None:
-        """What the fold made of an operation, or {"outcome": "pending", "waiting_for": [...]}."""
+        """What the fold made of an operation, or {"outcome": "pending", "waiting_for": [...]}.
+
+        An applied modify is shown as superseded once its experience is deleted (delete beats
+        modify) or a later modify that saw it has replaced it.
+        """
         pending = self.store.get(PENDING + cid.raw)
         if pending is not None:
             return {"outcome": "pending", "waiting_for": [CID(d) for d in _split(pending)]}
         raw = self.store.get(STATUS + cid.raw)
-        return codec.decode(raw) if raw is not None else None
+        if raw is None:
+            return None
+        status = codec.decode(raw)
+        if status["outcome"] == "applied" and self.library.meta(self.store, cid.raw).kind is Kind.MODIFY:
+            record = self.experience(self.resolve(status["experience"]))
+            assert record is not None
+            if record["status"] == "deleted":
+                return {**status, "outcome": "superseded", "code": "superseded.deleted"}
+            if cid not in record["heads"]:
+                return {**status, "outcome": "superseded", "code": "superseded.modified"}
+        return status
 
     def pending(self) -> list[CID]:
         return [CID(key[1:]) for key, _ in self.store.scan(PENDING)]

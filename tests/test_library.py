@@ -1,0 +1,260 @@
+"""The conflict rules one by one: Delete > Modify > merge, concurrent modifies, near-duplicate adds, votes."""
+
+import struct
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from ledger.embedder import pack_float16
+from ledger.library import exact_cosine_exceeds
+from ledger.ops import Kind
+from tests import factories as f
+from tests.ledgers import open_ledger
+
+TEXT_B = "When intersecting lines with segments, check each solution lies on the segment."
+TEXT_C = "When comparing two rates of growth, take logarithms before comparing."
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    node = open_ledger(tmp_path / "node")
+    yield node
+    node.close()
+
+
+def op(kind, key=1, clock=2, parents=(), **fields):
+    return f.signed(f.operation(kind, clock=clock, parents=tuple(parents), **fields), f.author(key))
+
+
+def both_orders(tmp_path, blocks):
+    """Ingest in the given order and reversed; assert equal snapshots and return the first ledger."""
+    forward, backward = open_ledger(tmp_path / "fwd"), open_ledger(tmp_path / "bwd")
+    for block in blocks:
+        forward.submit(block.data)
+    for block in reversed(blocks):
+        backward.submit(block.data)
+    assert forward.snapshot() == backward.snapshot()
+    backward.close()
+    return forward
+
+
+def test_delete_beats_a_concurrent_modify_whichever_sorts_first(tmp_path):
+    add = f.add()
+    early_modify = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    delete = op(Kind.DELETE, key=3, clock=3, parents=[add.cid], target=add.cid, reason="wrong")
+    late_modify = op(Kind.MODIFY, key=2, clock=4, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
+    node = both_orders(tmp_path, [add, early_modify, delete, late_modify])
+    record = node.experience(add.cid)
+    assert record["status"] == "deleted" and record["deleted_by"] == [delete.cid]
+    assert node.status(late_modify.cid)["code"] == "superseded.deleted"
+    assert node.status(early_modify.cid)["outcome"] == "superseded"
+    assert add.cid not in node.live_ids()
+
+
+def test_concurrent_modifies_conflict_until_a_modify_that_saw_both(tmp_path):
+    add = f.add()
+    first = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    second = op(Kind.MODIFY, key=3, clock=3, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
+    node = both_orders(tmp_path, [add, first, second])
+    record = node.experience(add.cid)
+    assert record["heads"] == sorted([first.cid, second.cid]) and record["version"] == second.cid  # higher clock
+    resolving = op(
+        Kind.MODIFY, key=1, clock=4, parents=[first.cid, second.cid], target=add.cid, content=f.content(f.SEED_TEXTS[0])
+    )
+    node.submit(resolving.data)
+    record = node.experience(add.cid)
+    assert record["heads"] == [resolving.cid] and record["version"] == resolving.cid
+    node.close()
+
+
+def test_equal_clocks_break_ties_by_lower_cid(tmp_path):
+    add = f.add()
+    a = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    b = op(Kind.MODIFY, key=3, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
+    node = both_orders(tmp_path, [add, a, b])
+    assert node.experience(add.cid)["version"] == min(a.cid, b.cid)
+    node.close()
+
+
+def test_merge_turns_sources_into_aliases_and_keeps_support_and_votes(tmp_path):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    vote = op(Kind.VOTE, key=3, clock=2, parents=[a.cid], target=a.cid, vote=1)
+    merge = op(
+        Kind.MERGE,
+        key=1,
+        clock=3,
+        parents=[a.cid, b.cid, vote.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    after = op(Kind.VOTE, key=2, clock=4, parents=[merge.cid], target=b.cid, vote=-1)
+    node = both_orders(tmp_path, [a, b, vote, merge, after])
+    merged = node.experience(merge.cid)
+    assert merged["status"] == "live" and merged["support"] == 2 and merged["absorbed"] == sorted([a.cid, b.cid])
+    assert (merged["up"], merged["down"]) == (1, 1)  # the vote on a source moved along; the later one followed
+    assert node.resolve(a.cid) == node.resolve(b.cid) == merge.cid
+    assert set(node.live_ids()) == {merge.cid}
+    node.close()
+
+
+@pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
+def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    merge = op(
+        Kind.MERGE,
+        clock=2,
+        parents=[a.cid, b.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_B)}
+    rival = op(kind, key=3, clock=5, parents=[a.cid], target=a.cid, **fields)  # sorts after the merge
+    node = both_orders(tmp_path, [a, b, merge, rival])
+    assert node.status(merge.cid)["code"] == f"merge.concurrent_{kind.value}"
+    assert node.experience(merge.cid) is None
+    assert node.experience(b.cid)["status"] == "live"
+    node.close()
+
+
+def test_a_delete_after_the_merge_acts_on_the_merged_experience(tmp_path):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    merge = op(
+        Kind.MERGE,
+        clock=2,
+        parents=[a.cid, b.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    delete = op(Kind.DELETE, key=2, clock=3, parents=[merge.cid], target=a.cid, reason="wrong")
+    node = both_orders(tmp_path, [a, b, merge, delete])
+    assert node.experience(merge.cid)["status"] == "deleted"
+    node.close()
+
+
+def test_near_duplicate_adds_merge_into_the_canonically_earlier(tmp_path):
+    first = f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(1))
+    again = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(2))
+    other = f.add(f.SEED_TEXTS[1], f.author(3))
+    node = both_orders(tmp_path, [again, other, first])
+    assert node.experience(first.cid)["support"] == 2
+    assert node.experience(first.cid)["absorbed"] == [again.cid]
+    assert node.status(again.cid) == {"outcome": "absorbed", "into": first.cid}
+    assert node.resolve(again.cid) == first.cid
+    assert set(node.live_ids()) == {first.cid, other.cid}
+    node.close()
+
+
+def test_one_vote_per_author_the_latest_counts(tmp_path):
+    add = f.add()
+    up = op(Kind.VOTE, key=2, clock=2, parents=[add.cid], target=add.cid, vote=1)
+    down = op(Kind.VOTE, key=2, clock=3, parents=[up.cid], target=add.cid, vote=-1)
+    other = op(Kind.VOTE, key=3, clock=2, parents=[add.cid], target=add.cid, vote=1)
+    node = both_orders(tmp_path, [add, up, down, other])
+    record = node.experience(add.cid)
+    assert (record["up"], record["down"]) == (1, 1)
+    assert record["votes"][f.author(2).did][1] == down.cid
+    node.close()
+
+
+def test_an_operation_whose_clock_does_not_exceed_a_parent_is_void(ledger):
+    add = f.signed(f.operation(Kind.ADD, clock=5, content=f.content()))
+    stale = op(Kind.VOTE, key=2, clock=5, parents=[add.cid], target=add.cid, vote=1)
+    ledger.ingest([add.data, stale.data])
+    assert ledger.status(stale.cid)["code"] == "clock.parent"
+    assert ledger.experience(add.cid)["up"] == 0
+
+
+def test_targets_must_be_experiences(ledger):
+    add = f.add()
+    vote = op(Kind.VOTE, key=2, clock=2, parents=[add.cid], target=add.cid, vote=1)
+    vote_on_vote = op(Kind.VOTE, key=3, clock=3, parents=[vote.cid], target=vote.cid, vote=1)
+    ledger.ingest([add.data, vote.data, vote_on_vote.data])
+    assert ledger.status(vote_on_vote.cid)["code"] == "target.not_experience"
+
+
+def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
+    add = f.add()
+    modify = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=3, clock=3, parents=[modify.cid], target=add.cid, vote=1)
+    node = open_ledger(tmp_path / "n")
+    assert [o.status for o in node.ingest([vote.data, modify.data])] == ["pending", "pending"]
+    assert node.missing() == {add.cid}
+    assert node.status(vote.cid) == {"outcome": "pending", "waiting_for": [modify.cid, add.cid]}
+    assert node.experience(add.cid) is None
+    node.close()
+    node = open_ledger(tmp_path / "n")
+    assert set(node.pending()) == {vote.cid, modify.cid}
+    assert node.submit(add.data).status == "applied"
+    assert node.pending() == [] and node.missing() == set()
+    assert node.experience(add.cid)["version"] == modify.cid and node.experience(add.cid)["up"] == 1
+    assert node.log_size == 3
+    node.close()
+
+
+def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_path):
+    ops = [f.add(f.SEED_TEXTS[i], f.author(i + 1)) for i in range(3)]
+    late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(9))  # duplicate of ops[0]
+    tail = [op(Kind.VOTE, key=2, clock=2 + i, parents=[ops[0].cid], target=ops[0].cid, vote=1) for i in range(3)]
+    incremental = open_ledger(tmp_path / "inc")
+    for block in [*ops, *tail]:
+        incremental.submit(block.data)
+    before = incremental.library.refolded
+    incremental.submit(late.data)
+    assert incremental.library.refolded > before
+    clean = open_ledger(tmp_path / "clean")
+    clean.ingest([late.data] + [b.data for b in [*ops, *tail]])
+    assert incremental.snapshot() == clean.snapshot()
+    incremental.close()
+    clean.close()
+
+
+def test_duplicates_are_no_ops(ledger):
+    add = f.add()
+    assert ledger.submit(add.data).status == "applied"
+    before = (ledger.snapshot(), ledger.state_root(), ledger.log_size)
+    assert [o.status for o in ledger.ingest([add.data, add.data])] == ["duplicate", "duplicate"]
+    assert (ledger.snapshot(), ledger.state_root(), ledger.log_size) == before
+
+
+def test_invalid_operations_are_reported_and_store_nothing(ledger):
+    good = f.add()
+    bad = bytearray(good.data)
+    bad[-1] ^= 1
+    outcomes = ledger.ingest([bytes(bad), b"\xff", good.data])
+    assert [o.status for o in outcomes] == ["invalid", "invalid", "applied"]
+    assert outcomes[0].errors[0].code == "signature.invalid"
+    assert ledger.log_size == 1
+
+
+def test_indexes_by_author_domain_and_target(ledger):
+    geometry = f.add()
+    algebra = f.add(f.SEED_TEXTS[3], f.author(2), domain=("math", "algebra"))
+    other = f.add(TEXT_C, f.author(2), domain=("mathematics",))
+    vote = op(Kind.VOTE, key=2, clock=2, parents=[geometry.cid], target=geometry.cid, vote=1)
+    ledger.ingest([geometry.data, algebra.data, other.data, vote.data])
+    assert set(ledger.live_ids("math")) == {geometry.cid, algebra.cid}
+    assert ledger.live_ids("math.algebra") == [algebra.cid]
+    assert ledger.by_author(f.author(2).did) == [algebra.cid, other.cid, vote.cid]
+    assert ledger.by_target(geometry.cid) == [vote.cid]
+
+
+def _f16(values):
+    return pack_float16(np.array(values, dtype=np.float32))
+
+
+def test_exact_cosine_is_exact_and_symmetric():
+    half = Fraction(1, 2)
+    assert exact_cosine_exceeds(_f16([1, 0]), _f16([1, 0]), Fraction(9, 10))
+    assert not exact_cosine_exceeds(_f16([1, 0]), _f16([0, 1]), Fraction(1, 10))
+    assert not exact_cosine_exceeds(_f16([1, 0]), _f16([-1, 0]), Fraction(1, 10))
+    # cos 60° is exactly 1/2: not strictly above it
+    a, b = _f16([1, 0]), struct.pack("<2e", 0.5, 0.75**0.5)
+    cos = 0.5 / np.linalg.norm(np.frombuffer(b, dtype="<f2").astype(np.float64))
+    assert exact_cosine_exceeds(a, b, half) == (cos > 0.5)
+    assert exact_cosine_exceeds(a, b, half) == exact_cosine_exceeds(b, a, half)
+    big = _f16([65504.0, 65504.0])
+    assert exact_cosine_exceeds(big, big, Fraction(99, 100))
