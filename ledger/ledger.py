@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +46,8 @@ DB_DIR = "ledger.db"
 NODE_KEY = "node.key"
 _STATE_ROOT = META + b"state_root"
 _CID_LEN = 36
+#: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
+_RECENT_CHECK = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class Ledger:
         self.merkle = MerkleLog(store)
         self.library = Library(store, params)
         self._state_root = StateRoot(store.get(_STATE_ROOT))
+        self._check_recent(_RECENT_CHECK)
 
     @classmethod
     def open(cls, data_dir: Path, params: NetworkParams | None = None) -> Ledger:
@@ -94,6 +97,33 @@ class Ledger:
 
     def close(self) -> None:
         self.store.close()
+
+    def _check_recent(self, count: int) -> None:
+        for position in range(max(0, self.log_size - count), self.log_size):
+            self._check_entry(position)
+
+    def _check_entry(self, position: int) -> None:
+        cid = self.logged(position)
+        data = self.store.get(BLOCK + cid.raw)
+        if data is None or CID.for_block(data) != cid or self.store.get(OPMETA + cid.raw) is None:
+            raise StoreError("store.corrupt", f"log entry {position} ({cid}): its block is missing or damaged")
+        if self.merkle.leaf_hash(position) != self.merkle.hash_buff(cid.raw):
+            raise StoreError("store.corrupt", f"log entry {position} ({cid}): its Merkle leaf is damaged")
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
+        """Check everything: every table's checksums, every logged block against its CID, the Merkle root.
+
+        Takes time linear in the log (like `ipfs repo verify`); raises StoreError at the first damage.
+        """
+        for table in (META, BLOCK, OPMETA, PENDING, WAITER, BY_AUTHOR, BY_TARGET, ORDER, UNDO, EXPERIENCE, STATUS):
+            for _ in self.store.scan(table):
+                pass
+        for position in range(self.log_size):
+            self._check_entry(position)
+            if progress and (position + 1) % 10_000 == 0:
+                progress(position + 1, self.log_size)
+        if self.merkle.root() != self.merkle._get_root_naive(0, self.log_size):
+            raise StoreError("store.corrupt", "the stored Merkle subtree hashes disagree with the leaves")
 
     # --- ingest ------------------------------------------------------------------------------
 

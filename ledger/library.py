@@ -283,11 +283,13 @@ class Library:
             for target in meta.targets:
                 txn.put(BY_TARGET + target + key, bytes([_KINDS.index(op.kind)]))
             start = key if start is None or key < start else start
-        for op in new_keys.values():
+        for key, op in new_keys.items():
             if op.kind in (Kind.DELETE, Kind.MODIFY):
                 assert op.target is not None
                 for merge_key in self._merges_naming(txn, op.target.raw):
-                    start = min(start, merge_key)
+                    # a merge folded earlier must be folded again unless this operation saw it
+                    if merge_key < start and not self.is_ancestor(txn, merge_key[8:], key[8:]):
+                        start = merge_key
         assert start is not None
         tail = [key[1:] for key, _ in txn.scan(ORDER, ORDER + start)]
         self.refolded += len(tail)

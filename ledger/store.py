@@ -83,8 +83,11 @@ class Store:
     def get(self, key: bytes) -> bytes | None:
         try:
             return self._db.get(key, verify_checksums=True)
-        except plyvel.CorruptionError as exc:
-            raise StoreError("store.corrupt", f"{self.path}: corrupt data while reading ({exc})") from None
+        except plyvel.Error as exc:
+            raise self._read_error(exc) from None
+
+    def _read_error(self, exc: plyvel.Error) -> StoreError:
+        return StoreError("store.corrupt", f"{self.path}: the ledger database is damaged; reading failed ({exc})")
 
     def scan(self, prefix: bytes, start: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
         """Keys with `prefix` (from `start` on, if given) in key order."""
@@ -92,8 +95,8 @@ class Store:
             yield from self._db.iterator(
                 start=start or prefix, stop=prefix_end(prefix), reverse=reverse, verify_checksums=True
             )
-        except plyvel.CorruptionError as exc:
-            raise StoreError("store.corrupt", f"{self.path}: corrupt data while reading ({exc})") from None
+        except plyvel.Error as exc:
+            raise self._read_error(exc) from None
 
     def transaction(self) -> Transaction:
         return Transaction(self)

@@ -33,7 +33,7 @@ def open_ledger(path: Path) -> Ledger:
 def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Block]:
     """A causally plausible history: adds (some near-duplicate), concurrent modifies, deletes, merges, votes.
 
-    Parents are a random subset of earlier operations, so many operations are concurrent; a few
+    Parents are a random subset of recent operations, so many operations are concurrent; a few
     operations carry a clock that is too low, which the fold must treat as void.
     """
     keys = [f.author(i + 1) for i in range(authors)]
@@ -60,7 +60,8 @@ def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Bloc
         if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
             text = f"When {rng.choice(CONTEXTS)}, {rng.choice(ACTIONS)}."
             fields["content"] = f.content(text, confidence=rng.choice((0.5, 0.75, 1.0)))
-        seen = rng.sample(blocks, min(len(blocks), rng.randint(0, 3)))
+        recent = blocks[-6:]  # authors mostly build on what they saw last: clocks grow steadily
+        seen = rng.sample(recent, min(len(recent), rng.randint(1, 3)))
         parents = {b.cid for b in seen} | {t for t in targets if rng.random() < 0.7}
         clock = 1 + max((clocks[p] for p in [*parents, *targets]), default=0)
         if rng.random() < 0.05:
