@@ -32,6 +32,7 @@ from ledger.store import (
     SEQ,
     STATUS,
     UNDO,
+    VOTES,
     WAITER,
     Store,
     StoreError,
@@ -115,7 +116,20 @@ class Ledger:
 
         Takes time linear in the log (like `ipfs repo verify`); raises StoreError at the first damage.
         """
-        for table in (META, BLOCK, OPMETA, PENDING, WAITER, BY_AUTHOR, BY_TARGET, ORDER, UNDO, EXPERIENCE, STATUS):
+        for table in (
+            META,
+            BLOCK,
+            OPMETA,
+            PENDING,
+            WAITER,
+            BY_AUTHOR,
+            BY_TARGET,
+            ORDER,
+            UNDO,
+            EXPERIENCE,
+            STATUS,
+            VOTES,
+        ):
             for _ in self.store.scan(table):
                 pass
         for position in range(self.log_size):
@@ -325,7 +339,7 @@ class Ledger:
         applied = [key[9:] for key, _ in self.store.scan(ORDER)]
         log.info("rebuilding the library from %d applied operations", len(applied))
         txn = self.store.transaction()
-        for table in (EXPERIENCE, BY_DOMAIN, STATUS, UNDO, ORDER, BY_TARGET):
+        for table in (EXPERIENCE, BY_DOMAIN, STATUS, UNDO, ORDER, BY_TARGET, VOTES):
             for key, _ in self.store.scan(table):
                 txn.delete(key)
         self.library.reset(empty=True)

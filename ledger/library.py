@@ -31,6 +31,7 @@ from ledger.store import (
     ORDER,
     STATUS,
     UNDO,
+    VOTES,
     Store,
     Transaction,
     u64,
@@ -94,8 +95,19 @@ def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
     return q * q * dot * dot > p * p * norm_a * norm_b
 
 
+def _unit(values: bytes) -> np.ndarray:
+    vector = unpack_float16(values)
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm else vector
+
+
 class _LiveVectors:
-    """Unit float32 vectors of live experiences, to pre-filter near-duplicate candidates."""
+    """Unit float32 vectors of live experiences, to pre-filter near-duplicate candidates.
+
+    The filter may let through vectors that are not near-duplicates (the exact test decides),
+    but never drops one. `prepare` scores a whole batch of new vectors in one matrix product
+    (far faster than one product per vector); rows changed since then are scored one by one.
+    """
 
     def __init__(self, dim: int) -> None:
         self._matrix = np.zeros((1024, dim), dtype=np.float32)
@@ -104,10 +116,12 @@ class _LiveVectors:
         self._free: list[int] = []
         self.raw: dict[bytes, bytes] = {}
         self.version: dict[bytes, bytes] = {}
+        self._prepared: dict[bytes, int] = {}
+        self._scores = np.zeros((0, 0), dtype=np.float32)
+        self._scored_ids: list[bytes | None] = []
+        self._changed: set[bytes] = set()
 
     def set(self, exp_id: bytes, version: bytes, values: bytes) -> None:
-        vector = unpack_float16(values)
-        norm = float(np.linalg.norm(vector))
         row = self._row.get(exp_id)
         if row is None:
             row = self._free.pop() if self._free else len(self._ids)
@@ -117,9 +131,10 @@ class _LiveVectors:
                 self._matrix = np.vstack([self._matrix, np.zeros_like(self._matrix)])
             self._row[exp_id] = row
             self._ids[row] = exp_id
-        self._matrix[row] = vector / norm if norm else 0.0
+        self._matrix[row] = _unit(values)
         self.raw[exp_id] = values
         self.version[exp_id] = version
+        self._changed.add(exp_id)
 
     def remove(self, exp_id: bytes) -> None:
         row = self._row.pop(exp_id, None)
@@ -128,17 +143,33 @@ class _LiveVectors:
             self._ids[row] = None
             self._free.append(row)
             del self.raw[exp_id], self.version[exp_id]
+            self._changed.add(exp_id)
 
-    def candidates(self, values: bytes, threshold: float) -> list[bytes]:
-        if not self._row:
-            return []
-        vector = unpack_float16(values)
-        norm = float(np.linalg.norm(vector))
-        if not norm:
-            return []
-        scores = self._matrix[: len(self._ids)] @ (vector / norm)
-        rows = np.nonzero(scores > threshold - _PREFILTER_MARGIN)[0]
-        return [exp_id for row in rows.tolist() if (exp_id := self._ids[row]) is not None]
+    def prepare(self, batch: dict[bytes, bytes]) -> None:
+        """Score the vectors `batch` (key -> float16 values) against every live row at once."""
+        self._prepared = {key: column for column, key in enumerate(batch)}
+        queries = np.stack([_unit(values) for values in batch.values()]) if batch else np.zeros((0, 1))
+        self._scores = self._matrix[: len(self._ids)] @ queries.T if batch else np.zeros((0, 0), np.float32)
+        self._scored_ids = list(self._ids)
+        self._changed = set()
+
+    def candidates(self, values: bytes, threshold: float, key: bytes) -> list[bytes]:
+        floor = threshold - _PREFILTER_MARGIN
+        column = self._prepared.get(key)
+        if column is None:
+            scores = self._matrix[: len(self._ids)] @ _unit(values)
+            return [exp_id for row in np.nonzero(scores > floor)[0].tolist() if (exp_id := self._ids[row]) is not None]
+        rows = np.nonzero(self._scores[:, column] > floor)[0].tolist()
+        found = [
+            exp_id
+            for row in rows
+            if (exp_id := self._scored_ids[row]) is not None and exp_id not in self._changed and exp_id in self._row
+        ]
+        changed = [exp_id for exp_id in self._changed if exp_id in self._row]
+        if changed:
+            scores = self._matrix[[self._row[exp_id] for exp_id in changed]] @ _unit(values)
+            found.extend(exp_id for exp_id, score in zip(changed, scores.tolist(), strict=True) if score > floor)
+        return found
 
 
 class _Step:
@@ -149,6 +180,22 @@ class _Step:
         self._txn = txn
         self.undo: list[list[bytes | None]] = []
         self._touched: set[bytes] = set()
+        self._records: dict[bytes, dict[str, Any] | None] = {}
+
+    def record(self, exp_id: bytes) -> dict[str, Any] | None:
+        """The experience record as this step last wrote it; a copy the caller may change and put back."""
+        if exp_id not in self._records:
+            self._records[exp_id] = Library.record(self._txn, exp_id)
+        found = self._records[exp_id]
+        return dict(found) if found is not None else None
+
+    def put_record(self, record: dict[str, Any]) -> dict[str, Any] | None:
+        """Write `record`; returns the previous version (for index maintenance)."""
+        exp_id = record["id"].raw
+        old = self._records.get(exp_id) if exp_id in self._records else Library.record(self._txn, exp_id)
+        self._records[exp_id] = record
+        self.put(EXPERIENCE + exp_id, codec.encode(record), record)
+        return old
 
     def get(self, key: bytes) -> bytes | None:
         return self._txn.get(key)
@@ -156,11 +203,11 @@ class _Step:
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._txn.scan(prefix)
 
-    def put(self, key: bytes, value: bytes | None) -> None:
+    def put(self, key: bytes, value: bytes | None, record: dict[str, Any] | None = None) -> None:
         if key not in self._touched:
             self._touched.add(key)
             self.undo.append([key, self._txn.get(key)])
-        self._library.write_state(self._txn, key, value)
+        self._library.write_state(self._txn, key, value, record)
 
 
 def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
@@ -218,28 +265,48 @@ class Library:
     def snapshot(self) -> bytes:
         """Every experience record and operation status, canonically encoded: equal bytes, equal library."""
         statuses = [[CID(key[1:]), codec.decode(raw)] for key, raw in self._store.scan(STATUS)]
-        return codec.encode({"experiences": list(self.experiences()), "statuses": statuses})
+        votes = [
+            [CID(key[1 : 1 + _CID_LEN]), key[1 + _CID_LEN :].decode(), codec.decode(raw)]
+            for key, raw in self._store.scan(VOTES)
+        ]
+        return codec.encode({"experiences": list(self.experiences()), "statuses": statuses, "votes": votes})
+
+    def votes(self, exp_id: bytes) -> dict[str, list[Any]]:
+        """Each author's counted vote on an experience: [clock, CID, value]."""
+        return {key[1 + _CID_LEN :].decode(): codec.decode(raw) for key, raw in self._store.scan(VOTES + exp_id)}
 
     def is_ancestor(self, view: Store | Transaction, ancestor: bytes, descendant: bytes) -> bool:
-        """Whether `ancestor` is reachable from `descendant` through parent links.
+        """Whether `ancestor` is reachable from `descendant` through parent links."""
+        return ancestor in self.ancestors_among(view, [ancestor], descendant)
 
-        The walk only enters operations whose clock exceeds the ancestor's; with valid clocks
-        (each above its parents') that is exactly reachability.
+    def ancestors_among(self, view: Store | Transaction, candidates: list[bytes], descendant: bytes) -> set[bytes]:
+        """Which `candidates` are reachable from `descendant` through parent links.
+
+        The walk only enters operations whose clock exceeds the lowest candidate's; with valid
+        clocks (each above its parents') that is exactly reachability. Direct parents, the
+        usual case, cost nothing beyond one lookup.
         """
-        floor = self.meta(view, ancestor).clock
-        stack = list(self.meta(view, descendant).parents)
+        wanted = set(candidates)
+        parents = self.meta(view, descendant).parents
+        found = wanted.intersection(parents)
+        if found == wanted:
+            return found
+        floor = min(self.meta(view, c).clock for c in wanted - found)
+        stack = list(parents)
         seen: set[bytes] = set()
         while stack:
             parent = stack.pop()
-            if parent == ancestor:
-                return True
             if parent in seen:
                 continue
             seen.add(parent)
+            if parent in wanted:
+                found.add(parent)
+                if found == wanted:
+                    break
             meta = self.meta(view, parent)
             if meta.clock > floor:
                 stack.extend(meta.parents)
-        return False
+        return found
 
     # --- writing -----------------------------------------------------------------------------
 
@@ -257,11 +324,14 @@ class Library:
             self._vectors = vectors
         return self._vectors
 
-    def write_state(self, txn: Transaction, key: bytes, value: bytes | None) -> None:
+    def write_state(
+        self, txn: Transaction, key: bytes, value: bytes | None, record: dict[str, Any] | None = None
+    ) -> None:
         """Every write to fold state goes here, so the live vectors follow the experience records."""
         txn.put(key, value)
         if key[:1] == EXPERIENCE and self._vectors is not None:
-            record = codec.decode(value) if value is not None else None
+            if record is None and value is not None:
+                record = codec.decode(value)
             if record is not None and record["status"] == "live":
                 version = record["version"].raw
                 if self._vectors.version.get(key[1:]) != version:
@@ -297,6 +367,9 @@ class Library:
             self._undo(txn, key[8:])
         for key in new_keys:
             txn.put(ORDER + key, b"")
+        self._live_vectors().prepare(
+            {key[8:]: op.content.embedding.values for key, op in new_keys.items() if op.kind is Kind.ADD and op.content}
+        )
         for key in sorted([*tail, *new_keys]):
             self._fold(txn, key[8:], new_keys.get(key))
 
@@ -329,14 +402,14 @@ class Library:
         for target in meta.targets:
             if self.meta(step, target).clock >= op.clock:
                 return _void("clock.target", "its clock does not exceed its target's")
-            if self.record(step, target) is None:
+            if step.get(EXPERIENCE + target) is None:
                 return _void("target.not_experience", f"target {CID(target)} did not create an experience")
         if op.kind is Kind.ADD:
             return self._add(step, cid, op)
         if op.kind is Kind.MERGE:
             return self._merge(step, cid, op, meta)
         exp_id = self.resolve(step, meta.targets[0])
-        record = self.record(step, exp_id)
+        record = step.record(exp_id)
         assert record is not None
         if op.kind is Kind.MODIFY:
             return self._modify(step, cid, record)
@@ -345,18 +418,32 @@ class Library:
             record["deleted_by"] = _sorted_cids([*(c.raw for c in record["deleted_by"]), cid])
             self._put_experience(step, record)
             return _applied(exp_id)
-        record["votes"] = _merge_votes([record["votes"], {op.author: [op.clock, CID(cid), op.vote]}])
+        assert op.vote is not None
+        self._vote(step, record, op.author, [op.clock, CID(cid), op.vote])
         self._put_experience(step, record)
         return _applied(exp_id)
+
+    @staticmethod
+    def _vote(step: _Step, record: dict[str, Any], author: str, vote: list[Any]) -> None:
+        """Count `vote` for `record` if it is the author's latest (by clock, then CID)."""
+        key = VOTES + record["id"].raw + author.encode()
+        raw = step.get(key)
+        current = codec.decode(raw) if raw is not None else None
+        if current is not None and (vote[0], vote[1].raw) <= (current[0], current[1].raw):
+            return
+        if current is not None:
+            record["up" if current[2] > 0 else "down"] -= 1
+        record["up" if vote[2] > 0 else "down"] += 1
+        step.put(key, codec.encode(vote))
 
     def _add(self, step: _Step, cid: bytes, op: Operation) -> dict[str, Any]:
         assert op.content is not None
         record = _new_record(cid, op, support=1)
-        similar = self._earliest_similar(step, op.content.embedding.values)
+        similar = self._earliest_similar(step, cid, op.content.embedding.values)
         if similar is None:
             self._put_experience(step, record)
             return _applied(cid)
-        into = self.record(step, similar)
+        into = step.record(similar)
         assert into is not None
         into["support"] += 1
         into["absorbed"] = _sorted_cids([*(c.raw for c in into["absorbed"]), cid])
@@ -365,13 +452,13 @@ class Library:
         self._put_experience(step, record)
         return {"outcome": "absorbed", "into": CID(similar)}
 
-    def _earliest_similar(self, step: _Step, values: bytes) -> bytes | None:
+    def _earliest_similar(self, step: _Step, cid: bytes, values: bytes) -> bytes | None:
         """The canonically earliest live experience with exact cosine above the near-duplicate threshold."""
         vectors = self._live_vectors()
         best: tuple[int, bytes] | None = None
-        for exp_id in vectors.candidates(values, float(self._threshold)):
+        for exp_id in vectors.candidates(values, float(self._threshold), cid):
             if exact_cosine_exceeds(values, vectors.raw[exp_id], self._threshold):
-                record = self.record(step, exp_id)
+                record = step.record(exp_id)
                 assert record is not None
                 rank = (record["clock"], exp_id)
                 best = rank if best is None or rank < best else best
@@ -380,7 +467,9 @@ class Library:
     def _modify(self, step: _Step, cid: bytes, record: dict[str, Any]) -> dict[str, Any]:
         if record["status"] == "deleted":
             return _void("superseded.deleted", "its experience was deleted (delete beats modify)")
-        heads = [h.raw for h in record["heads"] if not self.is_ancestor(step, h.raw, cid)] + [cid]
+        old_heads = [h.raw for h in record["heads"]]
+        seen = self.ancestors_among(step, old_heads, cid) if old_heads else set()
+        heads = [head for head in old_heads if head not in seen] + [cid]
         winner = min(heads, key=lambda head: (-self.meta(step, head).clock, head))
         record["heads"] = _sorted_cids(heads)
         record["version"] = CID(winner)
@@ -398,12 +487,14 @@ class Library:
                 if kind == modify and not self.is_ancestor(step, other, cid) and not self.is_ancestor(step, cid, other):
                     return _void("merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)")
         roots = sorted({self.resolve(step, target) for target in meta.targets})
-        sources = [self.record(step, root) for root in roots]
+        sources = [step.record(root) for root in roots]
         if any(source is None or source["status"] == "deleted" for source in sources):
             return _void("merge.target_deleted", "a source was deleted before the merge")
         record = _new_record(cid, op, support=sum(source["support"] for source in sources if source))
         record["absorbed"] = _sorted_cids(roots)
-        record["votes"] = _merge_votes([source["votes"] for source in sources if source])
+        for root in roots:  # every author's latest vote on any source counts for the merged experience
+            for key, raw in step.scan(VOTES + root):
+                self._vote(step, record, key[1 + _CID_LEN :].decode(), codec.decode(raw))
         for source in sources:
             assert source is not None
             source["status"], source["alias_of"] = "alias", CID(cid)
@@ -411,16 +502,17 @@ class Library:
         self._put_experience(step, record)
         return _applied(cid)
 
-    def _put_experience(self, step: _Step, record: dict[str, Any]) -> None:
+    @staticmethod
+    def _put_experience(step: _Step, record: dict[str, Any]) -> None:
         exp_id = record["id"].raw
-        old = self.record(step, exp_id)
-        if old is not None and old["status"] == "live":
-            step.put(BY_DOMAIN + old["domain"].encode() + b"\x00" + exp_id, None)
-        if record["status"] == "live":
-            step.put(BY_DOMAIN + record["domain"].encode() + b"\x00" + exp_id, b"")
-        record["up"] = sum(1 for vote in record["votes"].values() if vote[2] > 0)
-        record["down"] = sum(1 for vote in record["votes"].values() if vote[2] < 0)
-        step.put(EXPERIENCE + exp_id, codec.encode(record))
+        old = step.put_record(record)
+        was = BY_DOMAIN + old["domain"].encode() + b"\x00" + exp_id if old and old["status"] == "live" else None
+        now = BY_DOMAIN + record["domain"].encode() + b"\x00" + exp_id if record["status"] == "live" else None
+        if was != now:
+            if was is not None:
+                step.put(was, None)
+            if now is not None:
+                step.put(now, b"")
 
 
 def _new_record(cid: bytes, op: Operation, support: int) -> dict[str, Any]:
@@ -437,21 +529,9 @@ def _new_record(cid: bytes, op: Operation, support: int) -> dict[str, Any]:
         "support": support,
         "absorbed": [],
         "deleted_by": [],
-        "votes": {},
         "up": 0,
         "down": 0,
     }
-
-
-def _merge_votes(vote_maps: list[dict[str, list[Any]]]) -> dict[str, list[Any]]:
-    """One vote per author: the latest by (clock, CID)."""
-    merged: dict[str, list[Any]] = {}
-    for votes in vote_maps:
-        for author, vote in votes.items():
-            current = merged.get(author)
-            if current is None or (vote[0], vote[1].raw) > (current[0], current[1].raw):
-                merged[author] = vote
-    return merged
 
 
 def _applied(exp_id: bytes) -> dict[str, Any]:

@@ -34,10 +34,11 @@ UNDO = b"U"  # U cid -> how to undo that operation's fold step
 EXPERIENCE = b"X"  # X experience id -> experience record
 BY_DOMAIN = b"D"  # D domain path, 0x00, experience id -> "" (live experiences)
 STATUS = b"V"  # V cid -> what the fold made of that operation
+VOTES = b"Y"  # Y experience id, author did -> [clock, cid, value] of the vote that counts
 
 U64 = struct.Struct(">Q")
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER))
+_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES))
 
 
 class StoreError(LedgerError):

@@ -156,7 +156,7 @@ def test_one_vote_per_author_the_latest_counts(tmp_path):
     node = both_orders(tmp_path, [add, up, down, other])
     record = node.experience(add.cid)
     assert (record["up"], record["down"]) == (1, 1)
-    assert record["votes"][f.author(2).did][1] == down.cid
+    assert node.library.votes(add.cid.raw)[f.author(2).did][1] == down.cid
     node.close()
 
 

@@ -1,0 +1,114 @@
+"""A realistic stream of signed operations from many honest authors, for the ledger benchmarks."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+
+from ledger.cid import CID
+from ledger.embedder import HashingEmbedder, pack_float16
+from ledger.keys import AuthorKey
+from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
+from ledger.params import NetworkParams
+
+SUBJECTS = [
+    "geometry problems with intersections",
+    "lattice path counts",
+    "sums of positive terms",
+    "proofs by induction",
+    "rates of growth",
+    "invariants under moves",
+    "dependent events",
+    "integer optimisation",
+    "piecewise functions",
+    "recurrences",
+    "modular arithmetic",
+    "inequalities",
+]
+VERBS = ["check", "draw", "bound", "enumerate", "verify", "separate", "name", "test", "compare", "simplify"]
+OBJECTS = [
+    "the boundary cases",
+    "a small instance",
+    "each quantity",
+    "the extreme values",
+    "both directions",
+    "the parity",
+    "the degenerate cases",
+    "every assumption",
+    "the units",
+    "the symmetric cases",
+]
+
+#: share of each kind in the stream; votes dominate, as usage feedback does in a living library
+MIX = ((Kind.ADD, 0.25), (Kind.MODIFY, 0.10), (Kind.DELETE, 0.03), (Kind.MERGE, 0.02), (Kind.VOTE, 0.60))
+
+
+def _word(serial: int) -> str:
+    """A distinct letters-only word per serial number (numbers would fail the generality rule)."""
+    letters = ""
+    while True:
+        serial, digit = divmod(serial, 26)
+        letters += chr(ord("a") + digit)
+        if not serial:
+            return "variant" + letters
+
+
+def _text(rng: random.Random, serial: int) -> str:
+    """Mostly distinct texts (a serial word and random pseudo-words); 2% repeat on purpose (near-duplicates)."""
+    if rng.random() < 0.02:
+        return f"When working on {SUBJECTS[0]}, {VERBS[0]} {OBJECTS[0]}."
+    noise = " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=6)) for _ in range(4))
+    return f"When working on {rng.choice(SUBJECTS)}, {rng.choice(VERBS)} {rng.choice(OBJECTS)} {noise} {_word(serial)}."
+
+
+def operations(count: int, params: NetworkParams, seed: int = 1, authors: int = 20) -> Iterator[Block]:
+    """`count` signed operations in a causal order with honest Lamport clocks and some concurrency."""
+    rng = random.Random(seed)
+    embedder = HashingEmbedder(params.embedding_dim)
+    keys = [AuthorKey(bytes([i + 1]) * 32) for i in range(authors)]
+    live: list[CID] = []
+    recent: list[tuple[CID, int]] = []
+    clocks: dict[CID, int] = {}
+    latest_modify: dict[CID, CID] = {}  # clients build a modify on the version they read
+    kinds, weights = zip(*MIX, strict=True)
+    for serial in range(count):
+        kind = rng.choices(kinds, weights)[0] if len(live) >= 2 else Kind.ADD
+        fields: dict[str, object] = {}
+        if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
+            text = _text(rng, serial)
+            vector = pack_float16(embedder.embed([text])[0])
+            fields["content"] = Experience(
+                text,
+                ("math", rng.choice(SUBJECTS[:4]).split()[0]),
+                rng.random(),
+                Embedding(embedder.model_id, embedder.dim, vector),
+            )
+        if kind in (Kind.MODIFY, Kind.VOTE):
+            fields["target"] = rng.choice(live[-2000:])
+        if kind is Kind.VOTE:
+            fields["vote"] = rng.choice((1, 1, 1, -1))
+        elif kind is Kind.DELETE:
+            fields["target"] = live.pop(rng.randrange(max(0, len(live) - 2000), len(live)))
+            fields["reason"] = "proven incorrect in evaluation"
+        elif kind is Kind.MERGE:
+            a, b = live.pop(), live.pop(rng.randrange(max(0, len(live) - 50), len(live)))
+            fields["targets"], fields["reason"] = tuple(sorted((a, b))), "same pattern"
+        window = recent[-8:]
+        parents = {cid for cid, _ in rng.sample(window, min(len(window), rng.randint(1, 2)))}
+        target = fields.get("target")
+        if kind is Kind.MODIFY and target in latest_modify:
+            parents.add(latest_modify[target])
+        links = [*parents, *([target] if isinstance(target, CID) else []), *fields.get("targets", ())]
+        clock = 1 + max((clocks[link] for link in links), default=0)
+        op = Operation(kind, "", clock, tuple(sorted(parents)), 1_700_000_000 + serial, **fields)
+        block = sign(op, rng.choice(keys))
+        clocks[block.cid] = clock
+        if kind is Kind.MODIFY:
+            latest_modify[fields["target"]] = block.cid
+        recent.append((block.cid, clock))
+        if kind in (Kind.ADD, Kind.MERGE):
+            live.append(block.cid)
+        if serial % 10_000 == 9_999:
+            print(f"  generated {serial + 1:,}/{count:,} operations", file=sys.stderr, flush=True)
+        yield block
