@@ -123,3 +123,22 @@ def decode(data: bytes) -> Any:
             "non-minimal integers, extra bytes or a tag other than 42)",
         )
     return value
+
+
+def _encode_link(encoder: cbor2.CBOREncoder, value: Any) -> None:
+    if type(value) is not CID:
+        raise EncodeError("codec.type", f"{type(value).__name__} is not in the DAG-CBOR data model")
+    encoder.encode(cbor2.CBORTag(CID_TAG, b"\x00" + value.raw))
+
+
+def pack(value: Any) -> bytes:
+    """Encode the node's own derived state fast: the DAG-CBOR data model, but maps keep their order.
+
+    Not for anything hashed, signed or sent: those use `encode`.
+    """
+    return cbor2.dumps(value, default=_encode_link)
+
+
+def unpack(data: bytes) -> Any:
+    """Decode what `pack` wrote (trusted local state: no canonical-form check)."""
+    return cbor2.loads(data, tag_hook=_tag_hook)

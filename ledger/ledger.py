@@ -240,7 +240,7 @@ class Ledger:
         raw = self.store.get(STATUS + cid.raw)
         if raw is None:
             return None
-        status = codec.decode(raw)
+        status = codec.unpack(raw)
         if status["outcome"] == "applied" and self.library.meta(self.store, cid.raw).kind is Kind.MODIFY:
             record = self.experience(self.resolve(status["experience"]))
             assert record is not None

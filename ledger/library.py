@@ -194,7 +194,7 @@ class _Step:
         exp_id = record["id"].raw
         old = self._records.get(exp_id) if exp_id in self._records else Library.record(self._txn, exp_id)
         self._records[exp_id] = record
-        self.put(EXPERIENCE + exp_id, codec.encode(record), record)
+        self.put(EXPERIENCE + exp_id, codec.pack(record), record)
         return old
 
     def get(self, key: bytes) -> bytes | None:
@@ -242,7 +242,7 @@ class Library:
     @staticmethod
     def record(view: Store | Transaction, exp_id: bytes) -> dict[str, Any] | None:
         raw = view.get(EXPERIENCE + exp_id)
-        return codec.decode(raw) if raw is not None else None
+        return codec.unpack(raw) if raw is not None else None
 
     @staticmethod
     def content(view: Store | Transaction, op_cid: bytes) -> Experience:
@@ -260,20 +260,20 @@ class Library:
 
     def experiences(self) -> Iterator[dict[str, Any]]:
         for _, raw in self._store.scan(EXPERIENCE):
-            yield codec.decode(raw)
+            yield codec.unpack(raw)
 
     def snapshot(self) -> bytes:
         """Every experience record and operation status, canonically encoded: equal bytes, equal library."""
-        statuses = [[CID(key[1:]), codec.decode(raw)] for key, raw in self._store.scan(STATUS)]
+        statuses = [[CID(key[1:]), codec.unpack(raw)] for key, raw in self._store.scan(STATUS)]
         votes = [
-            [CID(key[1 : 1 + _CID_LEN]), key[1 + _CID_LEN :].decode(), codec.decode(raw)]
+            [CID(key[1 : 1 + _CID_LEN]), key[1 + _CID_LEN :].decode(), codec.unpack(raw)]
             for key, raw in self._store.scan(VOTES)
         ]
         return codec.encode({"experiences": list(self.experiences()), "statuses": statuses, "votes": votes})
 
     def votes(self, exp_id: bytes) -> dict[str, list[Any]]:
         """Each author's counted vote on an experience: [clock, CID, value]."""
-        return {key[1 + _CID_LEN :].decode(): codec.decode(raw) for key, raw in self._store.scan(VOTES + exp_id)}
+        return {key[1 + _CID_LEN :].decode(): codec.unpack(raw) for key, raw in self._store.scan(VOTES + exp_id)}
 
     def is_ancestor(self, view: Store | Transaction, ancestor: bytes, descendant: bytes) -> bool:
         """Whether `ancestor` is reachable from `descendant` through parent links."""
@@ -331,7 +331,7 @@ class Library:
         txn.put(key, value)
         if key[:1] == EXPERIENCE and self._vectors is not None:
             if record is None and value is not None:
-                record = codec.decode(value)
+                record = codec.unpack(value)
             if record is not None and record["status"] == "live":
                 version = record["version"].raw
                 if self._vectors.version.get(key[1:]) != version:
@@ -380,7 +380,7 @@ class Library:
                 yield key[1 + _CID_LEN :]
 
     def _undo(self, txn: Transaction, cid_raw: bytes) -> None:
-        undo = codec.decode(txn.get(UNDO + cid_raw))
+        undo = codec.unpack(txn.get(UNDO + cid_raw))
         for key, old in reversed(undo):
             self.write_state(txn, key, old)
         txn.delete(UNDO + cid_raw)
@@ -390,8 +390,8 @@ class Library:
             op = decode_block(txn.get(BLOCK + cid_raw)).op
         step = _Step(self, txn)
         outcome = self._rule(step, cid_raw, op)
-        step.put(STATUS + cid_raw, codec.encode(outcome))
-        txn.put(UNDO + cid_raw, codec.encode(step.undo))
+        step.put(STATUS + cid_raw, codec.pack(outcome))
+        txn.put(UNDO + cid_raw, codec.pack(step.undo))
 
     # --- the rules (docs/PROTOCOL.md §7) -------------------------------------------------------
 
@@ -428,13 +428,13 @@ class Library:
         """Count `vote` for `record` if it is the author's latest (by clock, then CID)."""
         key = VOTES + record["id"].raw + author.encode()
         raw = step.get(key)
-        current = codec.decode(raw) if raw is not None else None
+        current = codec.unpack(raw) if raw is not None else None
         if current is not None and (vote[0], vote[1].raw) <= (current[0], current[1].raw):
             return
         if current is not None:
             record["up" if current[2] > 0 else "down"] -= 1
         record["up" if vote[2] > 0 else "down"] += 1
-        step.put(key, codec.encode(vote))
+        step.put(key, codec.pack(vote))
 
     def _add(self, step: _Step, cid: bytes, op: Operation) -> dict[str, Any]:
         assert op.content is not None
@@ -494,7 +494,7 @@ class Library:
         record["absorbed"] = _sorted_cids(roots)
         for root in roots:  # every author's latest vote on any source counts for the merged experience
             for key, raw in step.scan(VOTES + root):
-                self._vote(step, record, key[1 + _CID_LEN :].decode(), codec.decode(raw))
+                self._vote(step, record, key[1 + _CID_LEN :].decode(), codec.unpack(raw))
         for source in sources:
             assert source is not None
             source["status"], source["alias_of"] = "alias", CID(cid)

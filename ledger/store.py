@@ -66,7 +66,14 @@ class Store:
                 f"{path}: the ledger database is missing (no CURRENT file); refusing to start with an empty ledger",
             )
         try:
-            self._db = plyvel.DB(str(path), create_if_missing=create, paranoid_checks=True)
+            self._db = plyvel.DB(
+                str(path),
+                create_if_missing=create,
+                paranoid_checks=True,
+                bloom_filter_bits=10,  # most lookups on ingest are for keys that are absent
+                lru_cache_size=64 * 1024 * 1024,
+                write_buffer_size=16 * 1024 * 1024,
+            )
         except plyvel.CorruptionError as exc:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
         except plyvel.Error as exc:
