@@ -43,6 +43,8 @@ _CID_LEN = 36
 _META_CACHE_LIMIT = 200_000
 #: the float32 pre-filter may not drop a true near-duplicate: its error is far below this margin
 _PREFILTER_MARGIN = 1e-3
+#: near-duplicate candidates are scored this many adds at a time
+_CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,8 @@ class _LiveVectors:
         self._free: list[int] = []
         self.raw: dict[bytes, bytes] = {}
         self.version: dict[bytes, bytes] = {}
+        self._plan: list[tuple[bytes, bytes]] = []
+        self._plan_index: dict[bytes, int] = {}
         self._prepared: dict[bytes, int] = {}
         self._scores = np.zeros((0, 0), dtype=np.float32)
         self._scored_ids: list[bytes | None] = []
@@ -145,6 +149,12 @@ class _LiveVectors:
             del self.raw[exp_id], self.version[exp_id]
             self._changed.add(exp_id)
 
+    def plan(self, upcoming: list[tuple[bytes, bytes]]) -> None:
+        """The adds the fold will meet, in order (key, float16 values); they are scored in chunks."""
+        self._plan = upcoming
+        self._plan_index = {key: index for index, (key, _) in enumerate(upcoming)}
+        self._prepared = {}
+
     def prepare(self, batch: dict[bytes, bytes]) -> None:
         """Score the vectors `batch` (key -> float16 values) against every live row at once."""
         self._prepared = {key: column for column, key in enumerate(batch)}
@@ -155,6 +165,10 @@ class _LiveVectors:
 
     def candidates(self, values: bytes, threshold: float, key: bytes) -> list[bytes]:
         floor = threshold - _PREFILTER_MARGIN
+        if key not in self._prepared and key in self._plan_index:
+            # a small chunk keeps the rows changed since scoring (checked one by one) few
+            start = self._plan_index[key]
+            self.prepare(dict(self._plan[start : start + _CHUNK]))
         column = self._prepared.get(key)
         if column is None:
             scores = self._matrix[: len(self._ids)] @ _unit(values)
@@ -173,32 +187,41 @@ class _LiveVectors:
 
 
 class _Step:
-    """The writes of one fold step, remembering each key's previous value so the step can be undone."""
+    """The writes of one fold step, remembering each key's previous value so the step can be undone.
+
+    Reads are cached for the step, so a key read by the rules costs nothing more when the step
+    writes it and must remember its old value.
+    """
 
     def __init__(self, library: Library, txn: Transaction) -> None:
         self._library = library
         self._txn = txn
         self.undo: list[list[bytes | None]] = []
         self._touched: set[bytes] = set()
+        self._raw: dict[bytes, bytes | None] = {}
         self._records: dict[bytes, dict[str, Any] | None] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        if key not in self._raw:
+            self._raw[key] = self._txn.get(key)
+        return self._raw[key]
 
     def record(self, exp_id: bytes) -> dict[str, Any] | None:
         """The experience record as this step last wrote it; a copy the caller may change and put back."""
         if exp_id not in self._records:
-            self._records[exp_id] = Library.record(self._txn, exp_id)
+            raw = self.get(EXPERIENCE + exp_id)
+            self._records[exp_id] = codec.unpack(raw) if raw is not None else None
         found = self._records[exp_id]
         return dict(found) if found is not None else None
 
     def put_record(self, record: dict[str, Any]) -> dict[str, Any] | None:
         """Write `record`; returns the previous version (for index maintenance)."""
         exp_id = record["id"].raw
-        old = self._records.get(exp_id) if exp_id in self._records else Library.record(self._txn, exp_id)
+        self.record(exp_id)
+        old = self._records[exp_id]
         self._records[exp_id] = record
         self.put(EXPERIENCE + exp_id, codec.pack(record), record)
         return old
-
-    def get(self, key: bytes) -> bytes | None:
-        return self._txn.get(key)
 
     def scan(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         return self._txn.scan(prefix)
@@ -206,7 +229,8 @@ class _Step:
     def put(self, key: bytes, value: bytes | None, record: dict[str, Any] | None = None) -> None:
         if key not in self._touched:
             self._touched.add(key)
-            self.undo.append([key, self._txn.get(key)])
+            self.undo.append([key, self.get(key)])
+        self._raw[key] = value
         self._library.write_state(self._txn, key, value, record)
 
 
@@ -250,12 +274,13 @@ class Library:
         assert op.content is not None
         return op.content
 
-    def resolve(self, view: Store | Transaction, exp_id: bytes) -> bytes:
+    def resolve(self, view: Store | Transaction | _Step, exp_id: bytes) -> bytes:
         """Follow aliases (merged or absorbed experiences) to the experience that stands for them."""
-        record = self.record(view, exp_id)
+        read = view.record if isinstance(view, _Step) else lambda key: self.record(view, key)
+        record = read(exp_id)
         while record is not None and record["status"] == "alias":
             exp_id = record["alias_of"].raw
-            record = self.record(view, exp_id)
+            record = read(exp_id)
         return exp_id
 
     def experiences(self) -> Iterator[dict[str, Any]]:
@@ -367,8 +392,12 @@ class Library:
             self._undo(txn, key[8:])
         for key in new_keys:
             txn.put(ORDER + key, b"")
-        self._live_vectors().prepare(
-            {key[8:]: op.content.embedding.values for key, op in new_keys.items() if op.kind is Kind.ADD and op.content}
+        self._live_vectors().plan(
+            [
+                (key[8:], op.content.embedding.values)
+                for key, op in sorted(new_keys.items())
+                if op.kind is Kind.ADD and op.content
+            ]
         )
         for key in sorted([*tail, *new_keys]):
             self._fold(txn, key[8:], new_keys.get(key))
