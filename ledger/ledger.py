@@ -15,7 +15,7 @@ from ledger.errors import LedgerError
 from ledger.keys import AuthorKey
 from ledger.library import Library, OpMeta
 from ledger.merkle import MerkleLog, ProofError, TreeHead
-from ledger.ops import Block, Kind, decode_block
+from ledger.ops import Block, Kind, load_stored
 from ledger.params import NetworkParams
 from ledger.stateroot import StateRoot
 from ledger.store import (
@@ -189,7 +189,7 @@ class Ledger:
             new_ops = {block.cid.raw: block.op for block in blocks}
             self.library.apply(
                 txn,
-                [(cid, new_ops[cid] if cid in new_ops else decode_block(txn.get(BLOCK + cid)).op) for cid in applied],
+                [(cid, new_ops[cid] if cid in new_ops else load_stored(txn.get(BLOCK + cid))) for cid in applied],
             )
             txn.commit()
         except BaseException:
@@ -344,7 +344,7 @@ class Ledger:
                 txn.delete(key)
         self.library.reset(empty=True)
         try:
-            self.library.apply(txn, [(cid, decode_block(self.store.get(BLOCK + cid)).op) for cid in applied])
+            self.library.apply(txn, [(cid, load_stored(self.store.get(BLOCK + cid))) for cid in applied])
             txn.commit()
         except BaseException:
             self.library.reset()

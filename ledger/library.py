@@ -20,7 +20,7 @@ import numpy as np
 from ledger import codec
 from ledger.cid import CID
 from ledger.embedder import unpack_float16
-from ledger.ops import Experience, Kind, Operation, decode_block
+from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.store import (
     BLOCK,
@@ -247,6 +247,7 @@ class Library:
         self._threshold = Fraction(params.near_duplicate_cosine)
         self._meta: dict[bytes, OpMeta] = {}
         self._vectors: _LiveVectors | None = None
+        self._folding: dict[bytes, Operation] = {}  # the new operations of the current apply()
         self.refolded = 0  # operations folded again because a late one sorted before them
 
     # --- reading -----------------------------------------------------------------------------
@@ -268,9 +269,9 @@ class Library:
         raw = view.get(EXPERIENCE + exp_id)
         return codec.unpack(raw) if raw is not None else None
 
-    @staticmethod
-    def content(view: Store | Transaction, op_cid: bytes) -> Experience:
-        op = decode_block(view.get(BLOCK + op_cid)).op
+    def content(self, view: Store | Transaction, op_cid: bytes) -> Experience:
+        """The experience an add, modify or merge carries (operations being folded come from memory)."""
+        op = self._folding.get(op_cid) or load_stored(view.get(BLOCK + op_cid))
         assert op.content is not None
         return op.content
 
@@ -369,6 +370,7 @@ class Library:
         if not ready:
             return
         self._live_vectors()  # built from committed state, before this transaction changes any record
+        self._folding = dict(ready)
         new_keys: dict[bytes, Operation] = {}
         start = None
         for cid_raw, op in ready:
@@ -401,6 +403,7 @@ class Library:
         )
         for key in sorted([*tail, *new_keys]):
             self._fold(txn, key[8:], new_keys.get(key))
+        self._folding = {}
 
     def _merges_naming(self, txn: Transaction, target: bytes) -> Iterator[bytes]:
         merge = bytes([_KINDS.index(Kind.MERGE)])
@@ -416,7 +419,7 @@ class Library:
 
     def _fold(self, txn: Transaction, cid_raw: bytes, op: Operation | None) -> None:
         if op is None:
-            op = decode_block(txn.get(BLOCK + cid_raw)).op
+            op = load_stored(txn.get(BLOCK + cid_raw))
         step = _Step(self, txn)
         outcome = self._rule(step, cid_raw, op)
         step.put(STATUS + cid_raw, codec.pack(outcome))

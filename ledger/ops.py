@@ -165,6 +165,11 @@ def decode_block(data: bytes) -> Block:
     return Block(operation_from_record(codec.decode(data)), data, CID.for_block(data))
 
 
+def load_stored(data: bytes) -> Operation:
+    """An operation from this node's own store: validated when it was accepted, so no canonical check."""
+    return operation_from_record(codec.unpack(data))
+
+
 # --- schema: decoded map → Operation, with the failing field named -------------------------
 
 
