@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -53,12 +54,19 @@ class HashingEmbedder:
         for row, text in enumerate(texts):
             counts = np.zeros(self.dim, dtype=np.int64)
             for feature in self._features(text):
-                digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
-                counts[digest % self.dim] += 1 if digest >> 63 else -1
+                bucket, sign = _bucket(feature, self.dim)
+                counts[bucket] += sign
             norm = np.sqrt(float(np.dot(counts, counts)))
             if norm:
                 out[row] = (counts / norm).astype(np.float32)
         return out
+
+
+@lru_cache(maxsize=1 << 18)
+def _bucket(feature: str, dim: int) -> tuple[int, int]:
+    """The bucket and sign of one feature (cached: words and trigrams repeat across texts)."""
+    digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+    return digest % dim, 1 if digest >> 63 else -1
 
 
 def embedder_for(params: NetworkParams) -> Embedder:

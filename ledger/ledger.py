@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ledger import codec
 from ledger.cid import CID
+from ledger.embedder import Embedder, embedder_for, unpack_float16
 from ledger.errors import LedgerError
+from ledger.index import ExperienceIndex
 from ledger.keys import AuthorKey
 from ledger.library import Library, OpMeta
 from ledger.merkle import MerkleLog, ProofError, TreeHead
@@ -39,13 +43,14 @@ from ledger.store import (
     Transaction,
     u64,
 )
-from ledger.validation import inspect
+from ledger.validation import ValidationError, inspect
 
 log = logging.getLogger(__name__)
 
 DB_DIR = "ledger.db"
 NODE_KEY = "node.key"
 _STATE_ROOT = META + b"state_root"
+_GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 _CID_LEN = 36
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
@@ -63,24 +68,33 @@ class Outcome:
 class Ledger:
     """The storage side of a node. Synchronous: the daemon runs it off the event loop."""
 
-    def __init__(self, data_dir: Path, params: NetworkParams, store: Store, node_key: AuthorKey) -> None:
+    def __init__(
+        self, data_dir: Path, params: NetworkParams, store: Store, node_key: AuthorKey, embedder: Embedder
+    ) -> None:
         self.data_dir = data_dir
         self.params = params
         self.store = store
         self.node_key = node_key
+        self.embedder = embedder
         self.merkle = MerkleLog(store)
         self.library = Library(store, params)
         self._state_root = StateRoot(store.get(_STATE_ROOT))
         self._check_recent(_RECENT_CHECK)
+        self.index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
+        why = self.index.load(self.generation)
+        if why is not None:
+            self.rebuild_index(why)
 
     @classmethod
-    def open(cls, data_dir: Path, params: NetworkParams | None = None) -> Ledger:
+    def open(cls, data_dir: Path, params: NetworkParams | None = None, embedder: Embedder | None = None) -> Ledger:
         """Open a data directory, creating it when it does not exist or is empty.
 
         An existing directory whose database is missing, corrupt or foreign is an error: a node
         must never come up with a silently empty ledger.
         """
         data_dir = Path(data_dir)
+        params = params or NetworkParams()
+        embedder = embedder or embedder_for(params)  # refuses, before touching the data, a model it cannot load
         fresh = not data_dir.exists() or not any(data_dir.iterdir())
         if fresh:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -94,10 +108,20 @@ class Ledger:
         except LedgerError as exc:
             store.close()
             raise StoreError(exc.code, f"node key: {exc.message}") from None
-        return cls(data_dir, params or NetworkParams(), store, node_key)
+        try:
+            return cls(data_dir, params, store, node_key, embedder)
+        except BaseException:
+            store.close()
+            raise
 
     def close(self) -> None:
+        self.index.save()
         self.store.close()
+
+    @property
+    def generation(self) -> int:
+        raw = self.store.get(_GENERATION)
+        return int.from_bytes(raw, "big") if raw else 0
 
     def _check_recent(self, count: int) -> None:
         for position in range(max(0, self.log_size - count), self.log_size):
@@ -149,8 +173,11 @@ class Ledger:
         outcomes: list[Outcome] = []
         accepted: list[Block] = []
         seen: set[bytes] = set()
-        for index, data in enumerate(items):
-            block, errors = inspect(data, self.params, expected[index] if expected else None)
+        checked = [inspect(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
+        inconsistent = self._inconsistent_embeddings([block for block, errors in checked if block and not errors])
+        for block, errors in checked:
+            if block is not None and block.cid.raw in inconsistent:
+                errors = [inconsistent[block.cid.raw]]
             if errors or block is None:
                 outcomes.append(Outcome(block.cid if block else None, "invalid", tuple(errors)))
             elif block.cid.raw in seen or self.has(block.cid):
@@ -163,6 +190,28 @@ class Ledger:
             statuses = self._store_and_fold(accepted)
             outcomes = [_with_status(o, statuses) for o in outcomes]
         return outcomes
+
+    def _inconsistent_embeddings(self, blocks: list[Block]) -> dict[bytes, ValidationError]:
+        """Operations whose embedding is not the network model's embedding of their text (format seed 2).
+
+        A wrong embedding is an attack: it would push an experience into unrelated prompts. The
+        texts of a batch are embedded together.
+        """
+        carriers = [block for block in blocks if block.op.content is not None]
+        if not carriers:
+            return {}
+        own = self.embedder.embed([block.op.content.text for block in carriers])  # type: ignore[union-attr]
+        found = {}
+        for block, vector in zip(carriers, own, strict=True):
+            claimed = unpack_float16(block.op.content.embedding.values)  # type: ignore[union-attr]
+            distance = float(np.linalg.norm(claimed - vector))
+            if not distance <= self.params.embedding_epsilon:
+                found[block.cid.raw] = ValidationError(
+                    "embedding.inconsistent",
+                    f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "
+                    f"the network allows {self.params.embedding_epsilon}",
+                )
+        return found
 
     def _store_and_fold(self, blocks: list[Block]) -> dict[bytes, str]:
         txn = self.store.transaction()
@@ -186,6 +235,8 @@ class Ledger:
                     ready.append(cid)
             applied = self._release(txn, ready)
             txn.put(_STATE_ROOT, root.to_bytes())
+            if applied:
+                txn.put(_GENERATION, u64(self.generation + 1))
             new_ops = {block.cid.raw: block.op for block in blocks}
             self.library.apply(
                 txn,
@@ -195,8 +246,10 @@ class Ledger:
         except BaseException:
             self.merkle.reload()
             self.library.reset()
+            self.library.touched.clear()
             raise
         self._state_root = root
+        self._sync_index()
         done = set(applied)
         return {block.cid.raw: "applied" if block.cid.raw in done else "pending" for block in blocks}
 
@@ -219,6 +272,35 @@ class Ledger:
                     txn.delete(PENDING + waiter)
                     queue.append(waiter)
         return applied
+
+    # --- the vector index ---------------------------------------------------------------------
+
+    def _live_embeddings(self) -> Iterator[tuple[bytes, bytes]]:
+        for record in self.library.experiences():
+            if record["status"] == "live":
+                yield record["id"].raw, self.library.content(self.store, record["version"].raw).embedding.values
+
+    def _sync_index(self) -> None:
+        """Bring the index in line with every experience record the last commit changed."""
+        for exp_id in self.library.touched:
+            record = self.library.record(self.store, exp_id)
+            if record is not None and record["status"] == "live":
+                self.index.upsert(exp_id, self.library.content(self.store, record["version"].raw).embedding.values)
+            else:
+                self.index.remove(exp_id)
+        self.library.touched.clear()
+        self.index.generation = self.generation
+
+    def rebuild_index(self, why: str = "requested") -> None:
+        """Index every live experience from scratch, logging progress."""
+        total = sum(1 for r in self.library.experiences() if r["status"] == "live")
+        log.info("rebuilding the vector index (%s): %d live experiences", why, total)
+
+        def progress(done: int, of: int) -> None:
+            log.info("indexed %d/%d experiences", done, of)
+
+        self.index.rebuild(self._live_embeddings(), total, self.generation, progress if total > 5000 else None)
+        self.library.touched.clear()
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -345,10 +427,12 @@ class Ledger:
         self.library.reset(empty=True)
         try:
             self.library.apply(txn, [(cid, load_stored(self.store.get(BLOCK + cid))) for cid in applied])
+            txn.put(_GENERATION, u64(self.generation + 1))
             txn.commit()
         except BaseException:
             self.library.reset()
             raise
+        self.rebuild_index("the library was rebuilt")
 
 
 def _split(raw: bytes) -> list[bytes]:

@@ -248,6 +248,7 @@ class Library:
         self._meta: dict[bytes, OpMeta] = {}
         self._vectors: _LiveVectors | None = None
         self._folding: dict[bytes, Operation] = {}  # the new operations of the current apply()
+        self.touched: set[bytes] = set()  # experiences whose record changed since the ledger last looked
         self.refolded = 0  # operations folded again because a late one sorted before them
 
     # --- reading -----------------------------------------------------------------------------
@@ -355,6 +356,8 @@ class Library:
     ) -> None:
         """Every write to fold state goes here, so the live vectors follow the experience records."""
         txn.put(key, value)
+        if key[:1] == EXPERIENCE:
+            self.touched.add(key[1:])
         if key[:1] == EXPERIENCE and self._vectors is not None:
             if record is None and value is not None:
                 record = codec.unpack(value)

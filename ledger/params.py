@@ -37,6 +37,10 @@ class NetworkParams:
     max_domain_depth: int = 8
     #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
     near_duplicate_cosine: float = 0.9
+    #: retrieval serves experiences whose cosine with the query exceeds this (per model: calibrated)
+    relevance_threshold: float = 0.3
+    #: an operation's embedding must lie within this L2 distance of the node's own embedding of its text
+    embedding_epsilon: float = 0.01
 
     @classmethod
     def from_file(cls, path: Path) -> NetworkParams:
@@ -55,13 +59,15 @@ class NetworkParams:
         for name, value in raw.items():
             if name not in fields:
                 raise ParamsError("params.unknown", f"{source}: unknown parameter {name!r}")
-            expected = {"text_unit": str, "embedding_model": str, "near_duplicate_cosine": float}.get(name, int)
+            floats = ("near_duplicate_cosine", "relevance_threshold", "embedding_epsilon")
+            expected = {"text_unit": str, "embedding_model": str, **dict.fromkeys(floats, float)}.get(name, int)
             if type(value) is not expected:
                 raise ParamsError("params.type", f"{source}: {name} must be {expected.__name__}")
             if expected is int and value <= 0:
                 raise ParamsError("params.range", f"{source}: {name} must be positive, got {value}")
-        if not 0.0 < raw.get("near_duplicate_cosine", 0.9) < 1.0:
-            raise ParamsError("params.range", f"{source}: near_duplicate_cosine must be in (0, 1)")
+        for name in ("near_duplicate_cosine", "relevance_threshold", "embedding_epsilon"):
+            if name in raw and not 0.0 < raw[name] < 1.0:
+                raise ParamsError("params.range", f"{source}: {name} must be in (0, 1)")
         if raw.get("text_unit", "words") not in ("words", "tokens"):
             raise ParamsError("params.range", f"{source}: text_unit must be 'words' or 'tokens'")
         return cls(**raw)

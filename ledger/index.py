@@ -1,0 +1,150 @@
+"""The vector index: usearch HNSW (cosine, float16) over the live experiences, kept in step with the library.
+
+The index is derived state. It is saved beside the ledger with the library generation it
+reflects; at start-up an index that is missing, unreadable, for another model, or older than
+the library is rebuilt from the library (with progress), so it never serves a deleted or
+superseded version for long: updates follow every committed batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+from usearch.index import Index
+
+from ledger import codec
+from ledger.embedder import unpack_float16
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "index.usearch"
+META_FILE = "index.meta"
+_CID_LEN = 36
+
+
+def index_key(exp_id: bytes) -> int:
+    """A usearch key from an experience id: 63 bits of its sha2-256 digest."""
+    return int.from_bytes(exp_id[-8:], "big") >> 1
+
+
+class ExperienceIndex:
+    """usearch HNSW index whose keys map back to experience ids."""
+
+    def __init__(self, directory: Path, model: str, dim: int) -> None:
+        self._directory = directory
+        self._model = model
+        self._dim = dim
+        self._index = self._new()
+        self._ids: dict[int, bytes] = {}
+        self.generation = -1
+
+    def _new(self) -> Index:
+        return Index(ndim=self._dim, metric="cos", dtype="f16")
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def ids(self) -> set[bytes]:
+        return set(self._ids.values())
+
+    def __contains__(self, exp_id: bytes) -> bool:
+        return self._ids.get(index_key(exp_id)) == exp_id
+
+    def upsert(self, exp_id: bytes, values: bytes) -> None:
+        """Index (or re-index) an experience under its float16 embedding."""
+        key = index_key(exp_id)
+        owner = self._ids.get(key)
+        if owner is not None and owner != exp_id:
+            raise ValueError(f"index key collision between two experiences ({key})")
+        if owner is not None:
+            self._index.remove(key)
+        self._index.add(key, unpack_float16(values))
+        self._ids[key] = exp_id
+
+    def remove(self, exp_id: bytes) -> None:
+        key = index_key(exp_id)
+        if self._ids.get(key) == exp_id:
+            self._index.remove(key)
+            del self._ids[key]
+
+    def search(self, vector: np.ndarray, count: int) -> list[tuple[bytes, float]]:
+        """Up to `count` nearest experiences as (id, cosine similarity), best first."""
+        if not self._ids or count <= 0:
+            return []
+        matches = self._index.search(np.asarray(vector, dtype=np.float32), min(count, len(self._ids)))
+        return [
+            (self._ids[int(key)], 1.0 - float(distance))
+            for key, distance in zip(matches.keys, matches.distances, strict=True)
+            if int(key) in self._ids
+        ]
+
+    def rebuild(
+        self,
+        live: Iterable[tuple[bytes, bytes]],
+        total: int,
+        generation: int,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Index every (experience id, float16 embedding) from scratch."""
+        self._index = self._new()
+        self._ids = {}
+        done = 0
+        batch_keys: list[int] = []
+        batch_vectors: list[np.ndarray] = []
+        for exp_id, values in live:
+            batch_keys.append(index_key(exp_id))
+            batch_vectors.append(unpack_float16(values))
+            self._ids[batch_keys[-1]] = exp_id
+            if len(batch_keys) == 1000:
+                self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
+                done += len(batch_keys)
+                batch_keys, batch_vectors = [], []
+                if progress:
+                    progress(done, total)
+        if batch_keys:
+            self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
+            done += len(batch_keys)
+        if progress:
+            progress(done, total)
+        self.generation = generation
+
+    # --- persistence -----------------------------------------------------------------------
+
+    def save(self) -> None:
+        """Write index and key map atomically (temporary files, then rename)."""
+        index_path, meta_path = self._directory / INDEX_FILE, self._directory / META_FILE
+        self._index.save(str(index_path) + ".tmp")
+        meta = {
+            "model": self._model,
+            "dim": self._dim,
+            "generation": self.generation,
+            "ids": b"".join(self._ids.values()),
+        }
+        (self._directory / (META_FILE + ".tmp")).write_bytes(codec.pack(meta))
+        os.replace(str(index_path) + ".tmp", index_path)
+        os.replace(str(meta_path) + ".tmp", meta_path)
+
+    def load(self, generation: int) -> str | None:
+        """Load the saved index; returns why it cannot be used (then it must be rebuilt), or None."""
+        index_path, meta_path = self._directory / INDEX_FILE, self._directory / META_FILE
+        if not index_path.exists() or not meta_path.exists():
+            return "missing"
+        try:
+            meta = codec.unpack(meta_path.read_bytes())
+            if (meta["model"], meta["dim"]) != (self._model, self._dim):
+                return f"built for {meta['model']} ({meta['dim']}-d)"
+            if meta["generation"] != generation:
+                return f"stale (generation {meta['generation']}, library at {generation})"
+            index = Index.restore(str(index_path))
+            raw = meta["ids"]
+            ids = {index_key(raw[i : i + _CID_LEN]): raw[i : i + _CID_LEN] for i in range(0, len(raw), _CID_LEN)}
+            if index is None or len(index) != len(ids) or any(not index.contains(key) for key in ids):
+                return "corrupt (keys disagree with the saved key map)"
+        except Exception as exc:  # usearch and cbor2 raise various types on damaged files
+            return f"unreadable ({type(exc).__name__}: {exc})"
+        self._index, self._ids, self.generation = index, ids, generation
+        return None
