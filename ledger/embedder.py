@@ -1,12 +1,19 @@
-"""Embedders behind one small interface, and the float16 packing that operations carry."""
+"""Embedders behind one small interface, and the float16 packing that operations carry.
+
+The network pins one model (`NetworkParams.embedding_model`); every node re-embeds every
+received text to check the embedding it carries, so the default is chosen for speed as well as
+quality (see the README: WordLlama embeds ~30k texts/s here, MiniLM ~200).
+"""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import Protocol
+from pathlib import Path
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -62,6 +69,71 @@ class HashingEmbedder:
         return out
 
 
+class WordLlamaEmbedder:
+    """WordLlama l2_supercat (256-d static token embeddings) computed with numpy, fully offline.
+
+    A text's vector is the L2-normalised mean of its tokens' rows (no special tokens, no
+    truncation): what `wordllama.WordLlamaInference.embed(texts, norm=True)` computes (agrees to
+    3e-8). The weights and tokenizer are read from the installed `wordllama` wheel and checked
+    against pinned SHA-256 digests, so another release cannot pass for this model. The package
+    is located without importing it: its `__init__` calls `logging.basicConfig` and would try to
+    download a tokenizer. Each text is embedded alone, so results do not depend on batching.
+    """
+
+    model_id = "wordllama-l2supercat-256-numpy"
+    dim = 256
+    _FILES: ClassVar[dict[tuple[str, str], str]] = {
+        ("weights", "l2_supercat_256.safetensors"): "64b47a2dc493cb8e85944076601189739852d7b64e0e1eedcb1937a251cd9fd5",
+        ("tokenizers", "l2_supercat_tokenizer_config.json"): (
+            "93248f2a9ec36c7b35f700a033d5f36228aae48db61aee31007fa49062cdeb68"
+        ),
+    }
+    _INSTALL: ClassVar[str] = "pip install 'wordllama==0.4.0.post1'"
+
+    def __init__(self) -> None:
+        try:
+            from safetensors.numpy import load_file
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise self._unavailable(f"{exc.name} is not installed") from None
+        spec = importlib.util.find_spec("wordllama")
+        if spec is None or not spec.submodule_search_locations:
+            raise self._unavailable("the wordllama package is not installed")
+        root = Path(next(iter(spec.submodule_search_locations)))
+        weights_path, tokenizer_path = (self._pinned(root, parts) for parts in self._FILES)
+        table = load_file(str(weights_path))["embedding.weight"]
+        self._table = np.ascontiguousarray(table, dtype=np.float32)
+        self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+
+    def _unavailable(self, why: str) -> EmbedderError:
+        return EmbedderError("embedder.unavailable", f"model {self.model_id}: {why}; install it with {self._INSTALL}")
+
+    def _pinned(self, root: Path, parts: tuple[str, str]) -> Path:
+        path = root.joinpath(*parts)
+        if not path.is_file():
+            raise self._unavailable(f"{path} is missing")
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != self._FILES[parts]:
+            raise self._unavailable(f"{path} has SHA-256 {digest[:16]}…, not the pinned model file")
+        return path
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        if not texts:
+            return out
+        vocabulary = self._table.shape[0]
+        for row, encoding in enumerate(self._tokenizer.encode_batch(list(texts), add_special_tokens=False)):
+            ids = np.clip(np.asarray(encoding.ids, dtype=np.int64), 0, vocabulary - 1)
+            if ids.size:
+                total = self._table[ids].sum(axis=0, dtype=np.float32)  # same direction as the mean
+                norm = np.float32(np.sqrt(np.dot(total, total)))
+                if norm > 0:
+                    out[row] = total / norm
+        return out
+
+
 @lru_cache(maxsize=1 << 18)
 def _bucket(feature: str, dim: int) -> tuple[int, int]:
     """The bucket and sign of one feature (cached: words and trigrams repeat across texts)."""
@@ -69,10 +141,24 @@ def _bucket(feature: str, dim: int) -> tuple[int, int]:
     return digest % dim, 1 if digest >> 63 else -1
 
 
+@lru_cache(maxsize=4)
+def _wordllama() -> WordLlamaEmbedder:
+    """One loaded model per process (30 MB of weights)."""
+    return WordLlamaEmbedder()
+
+
 def embedder_for(params: NetworkParams) -> Embedder:
-    """The network's pinned embedder; refuses a model this node cannot load."""
+    """The network's pinned embedder; refuses a model (or dimension) this node cannot load."""
     if params.embedding_model == HashingEmbedder.model_id:
         return HashingEmbedder(params.embedding_dim)
+    if params.embedding_model == WordLlamaEmbedder.model_id:
+        if params.embedding_dim != WordLlamaEmbedder.dim:
+            raise EmbedderError(
+                "embedder.unavailable",
+                f"model {params.embedding_model} has {WordLlamaEmbedder.dim} dimensions, the network pins "
+                f"{params.embedding_dim}",
+            )
+        return _wordllama()
     raise EmbedderError(
         "embedder.unavailable",
         f"the network pins embedding model {params.embedding_model!r}, which this node cannot load",

@@ -12,6 +12,24 @@ from ledger.errors import LedgerError
 
 TextUnit = Literal["words", "tokens"]
 
+#: per-model defaults, each measured with bench/quality.py (figures in the README): the retrieval
+#: floor (best F1 on query -> experience pairs), the near-duplicate cosine (above every
+#: sentence/negation pair, below trivial rewordings), and the embedding-consistency epsilon (L2;
+#: float16 packing errs by at most ~5e-4)
+CALIBRATED: dict[str, dict[str, float]] = {
+    "wordllama-l2supercat-256-numpy": {
+        "relevance_threshold": 0.30,
+        "near_duplicate_cosine": 0.99,
+        "embedding_epsilon": 2e-3,
+    },
+    "feature-hash-v1": {
+        "relevance_threshold": 0.28,
+        "near_duplicate_cosine": 0.9,
+        "embedding_epsilon": 2e-3,
+    },
+}
+_CALIBRATED_FIELDS = ("relevance_threshold", "near_duplicate_cosine", "embedding_epsilon")
+
 
 class ParamsError(LedgerError):
     """A network parameter file that is unreadable or holds a bad value."""
@@ -25,7 +43,7 @@ class NetworkParams:
     #: deterministic tokens of `validation.count_tokens` (seed 2: 256 tokens)
     text_unit: TextUnit = "words"
     text_max: int = 32
-    embedding_model: str = "feature-hash-v1"
+    embedding_model: str = "wordllama-l2supercat-256-numpy"
     embedding_dim: int = 256
     max_op_bytes: int = 64 * 1024
     max_examples: int = 8
@@ -36,11 +54,21 @@ class NetworkParams:
     max_merge_targets: int = 16
     max_domain_depth: int = 8
     #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
-    near_duplicate_cosine: float = 0.9
-    #: retrieval serves experiences whose cosine with the query exceeds this (per model: calibrated)
-    relevance_threshold: float = 0.3
+    near_duplicate_cosine: float = None  # type: ignore[assignment]  # None: the model's calibrated value
+    #: retrieval serves experiences whose cosine with the query exceeds this
+    relevance_threshold: float = None  # type: ignore[assignment]
     #: an operation's embedding must lie within this L2 distance of the node's own embedding of its text
-    embedding_epsilon: float = 0.01
+    embedding_epsilon: float = None  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        calibrated = CALIBRATED.get(self.embedding_model, {})
+        for name in _CALIBRATED_FIELDS:
+            if getattr(self, name) is None:
+                if name not in calibrated:
+                    raise ParamsError(
+                        "params.missing", f"{name}: no calibrated default for model {self.embedding_model!r}; set it"
+                    )
+                object.__setattr__(self, name, calibrated[name])
 
     @classmethod
     def from_file(cls, path: Path) -> NetworkParams:

@@ -10,7 +10,7 @@ from ledger.keys import AuthorKey
 from ledger.ops import Block, Embedding, Example, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 
-PARAMS = NetworkParams()
+PARAMS = NetworkParams(embedding_model="feature-hash-v1")  # the deterministic test embedder
 EMBEDDER = HashingEmbedder(PARAMS.embedding_dim)
 CREATED = 1_726_410_600  # 2024-09-15T14:30:00Z
 

@@ -5,8 +5,15 @@ import struct
 import numpy as np
 import pytest
 
-from ledger.embedder import EmbedderError, HashingEmbedder, embedder_for, pack_float16, unpack_float16
-from ledger.params import NetworkParams
+from ledger.embedder import (
+    EmbedderError,
+    HashingEmbedder,
+    WordLlamaEmbedder,
+    embedder_for,
+    pack_float16,
+    unpack_float16,
+)
+from ledger.params import NetworkParams, ParamsError
 from tests.factories import SEED_TEXTS
 
 
@@ -44,8 +51,31 @@ def test_float16_packing_round_trips_within_half_precision():
 
 
 def test_pinned_model_must_be_loadable():
-    assert embedder_for(NetworkParams(embedding_dim=128)).dim == 128
-    with pytest.raises(EmbedderError) as caught:
-        embedder_for(NetworkParams(embedding_model="zen-reranker-7680"))
-    assert caught.value.code == "embedder.unavailable"
-    assert "zen-reranker-7680" in caught.value.message
+    assert embedder_for(NetworkParams(embedding_model="feature-hash-v1", embedding_dim=128)).dim == 128
+    calibrated = {"relevance_threshold": 0.6, "near_duplicate_cosine": 0.9, "embedding_epsilon": 0.01}
+    for params, needle in [
+        (NetworkParams(embedding_model="zen-reranker-7680", embedding_dim=7680, **calibrated), "zen-reranker-7680"),
+        (NetworkParams(embedding_dim=768), "768"),
+    ]:
+        with pytest.raises(EmbedderError) as caught:
+            embedder_for(params)
+        assert caught.value.code == "embedder.unavailable"
+        assert needle in caught.value.message
+
+
+def test_a_model_without_calibrated_thresholds_needs_them_set():
+    with pytest.raises(ParamsError) as caught:
+        NetworkParams(embedding_model="zen-reranker-7680")
+    assert caught.value.code == "params.missing"
+
+
+def test_the_default_model_is_real_deterministic_and_batch_independent():
+    embedder = embedder_for(NetworkParams())
+    assert isinstance(embedder, WordLlamaEmbedder)
+    together = embedder.embed([*SEED_TEXTS, ""])
+    alone = np.vstack([embedder.embed([text]) for text in SEED_TEXTS])
+    assert np.array_equal(together[:4], alone)
+    assert np.allclose(np.linalg.norm(together[:4], axis=1), 1.0, atol=1e-6) and not together[4].any()
+    query = embedder.embed(["Which intersection points of a line and a circle lie on the segment AB?"])[0]
+    scores = together[:4] @ query
+    assert scores.argmax() == 0 and scores[0] > NetworkParams().relevance_threshold

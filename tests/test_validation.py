@@ -171,8 +171,8 @@ def test_author_signature_and_cid_rules():
 
 def test_operation_size_limit():
     block = f.add()
-    assert codes(block.data, NetworkParams(max_op_bytes=len(block.data))) == []
-    assert codes(block.data, NetworkParams(max_op_bytes=len(block.data) - 1)) == ["limits.op_bytes"]
+    assert codes(block.data, replace(PARAMS, max_op_bytes=len(block.data))) == []
+    assert codes(block.data, replace(PARAMS, max_op_bytes=len(block.data) - 1)) == ["limits.op_bytes"]
 
 
 def test_every_failed_rule_is_reported_and_validate_raises_the_first():
