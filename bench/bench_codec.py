@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ops", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    params = NetworkParams()
+    params = NetworkParams(embedding_model="feature-hash-v1")  # embedding is not part of this measure
     operations = make_operations(args.ops, params)
     blocks: list[Block] = [sign(op, key) for op, key in operations]
     bare = [

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from bench.workload import operations
-from ledger.embedder import HashingEmbedder, pack_float16
+from ledger.embedder import embedder_for, pack_float16
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
@@ -39,7 +39,7 @@ def _late_add(ledger: Ledger, params: NetworkParams, behind: int, serial: int) -
     applied = ledger.applied_in_order()
     anchor = applied[-behind - 1] if behind < len(applied) else applied[0]
     clock = ledger.library.meta(ledger.store, anchor.raw).clock
-    embedder = HashingEmbedder(params.embedding_dim)
+    embedder = embedder_for(params)
     text = f"When a late insight arrives, fold it in order and check it against case number {'x' * serial}."
     content = Experience(
         text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, pack_float16(embedder.embed([text])[0]))
@@ -56,8 +56,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=1000, help="operations per ingest batch (one synced write)")
+    parser.add_argument(
+        "--model",
+        choices=["default", "hashing"],
+        default="default",
+        help="the network's embedder: the default model, or feature hashing",
+    )
     args = parser.parse_args(argv)
-    params = NetworkParams()
+    params = NetworkParams() if args.model == "default" else NetworkParams(embedding_model="feature-hash-v1")
 
     print(f"generating {args.ops:,} signed operations ...", file=sys.stderr, flush=True)
     datas = [block.data for block in operations(args.ops, params)]
@@ -100,7 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             restarts.append(time.perf_counter() - start)
             ledger.close()
 
-    print(f"{len(datas):,} operations ({live:,} live experiences at the end), batches of {args.batch}")
+    print(
+        f"{len(datas):,} operations ({live:,} live experiences at the end), batches of {args.batch}, "
+        f"embedder {params.embedding_model}"
+    )
     print(f"  decode+validate+verify   {validate_rate:>9,.0f} ops/s  (baseline, same operations)")
     print(
         f"  ingest                   {ingest_rate:>9,.0f} ops/s  ratio {ingest_rate / validate_rate:.2f} "

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Iterator
 
 from ledger.cid import CID
-from ledger.embedder import HashingEmbedder, pack_float16
+from ledger.embedder import embedder_for, pack_float16
 from ledger.keys import AuthorKey
 from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
@@ -65,7 +65,7 @@ def _text(rng: random.Random, serial: int) -> str:
 def operations(count: int, params: NetworkParams, seed: int = 1, authors: int = 20) -> Iterator[Block]:
     """`count` signed operations in a causal order with honest Lamport clocks and some concurrency."""
     rng = random.Random(seed)
-    embedder = HashingEmbedder(params.embedding_dim)
+    embedder = embedder_for(params)
     keys = [AuthorKey(bytes([i + 1]) * 32) for i in range(authors)]
     live: list[CID] = []
     recent: list[tuple[CID, int]] = []

@@ -13,6 +13,7 @@ from ledger.embedder import (
     pack_float16,
     unpack_float16,
 )
+from ledger.ledger import Ledger
 from ledger.params import NetworkParams, ParamsError
 from tests.factories import SEED_TEXTS
 
@@ -79,3 +80,11 @@ def test_the_default_model_is_real_deterministic_and_batch_independent():
     query = embedder.embed(["Which intersection points of a line and a circle lie on the segment AB?"])[0]
     scores = together[:4] @ query
     assert scores.argmax() == 0 and scores[0] > NetworkParams().relevance_threshold
+
+
+def test_a_node_that_cannot_load_the_pinned_model_refuses_to_start(tmp_path):
+    calibrated = {"relevance_threshold": 0.6, "near_duplicate_cosine": 0.9, "embedding_epsilon": 0.01}
+    params = NetworkParams(embedding_model="zen-reranker-7680", embedding_dim=7680, **calibrated)
+    with pytest.raises(EmbedderError, match="zen-reranker-7680"):
+        Ledger.open(tmp_path / "node", params)
+    assert not (tmp_path / "node").exists()
