@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             index = ExperienceIndex(Path(tmp), embedder.model_id, embedder.dim)
             start = time.perf_counter()
-            index.rebuild(zip(ids, packed, strict=True), size, 0)
+            index.rebuild(zip(ids, ids, packed, strict=True), size, 0)
             build = time.perf_counter() - start
             exact_matrix = np.stack([np.frombuffer(p, dtype="<f2").astype(np.float32) for p in packed])
             exact_matrix /= np.linalg.norm(exact_matrix, axis=1, keepdims=True)

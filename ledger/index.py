@@ -40,6 +40,7 @@ class ExperienceIndex:
         self._dim = dim
         self._index = self._new()
         self._ids: dict[int, bytes] = {}
+        self._version: dict[bytes, bytes] = {}  # experience id -> the version CID its vector comes from
         self.generation = -1
 
     def _new(self) -> Index:
@@ -54,22 +55,38 @@ class ExperienceIndex:
     def __contains__(self, exp_id: bytes) -> bool:
         return self._ids.get(index_key(exp_id)) == exp_id
 
-    def upsert(self, exp_id: bytes, values: bytes) -> None:
-        """Index (or re-index) an experience under its float16 embedding."""
-        key = index_key(exp_id)
-        owner = self._ids.get(key)
-        if owner is not None and owner != exp_id:
-            raise ValueError(f"index key collision between two experiences ({key})")
-        if owner is not None:
-            self._index.remove(key)
-        self._index.add(key, unpack_float16(values))
-        self._ids[key] = exp_id
+    def holds(self, exp_id: bytes, version: bytes) -> bool:
+        """Whether the experience is indexed with the vector of that version."""
+        return self._version.get(exp_id) == version
+
+    def update(self, live: dict[bytes, tuple[bytes, bytes]], removals: Iterable[bytes]) -> None:
+        """Apply one batch of changes; `live` maps experience id -> (version CID, float16 embedding).
+
+        An experience already indexed at that version is left alone; the rest are added in one
+        call, which usearch does far faster than one vector at a time.
+        """
+        for exp_id in removals:
+            self.remove(exp_id)
+        changed = {exp_id: item for exp_id, item in live.items() if self._version.get(exp_id) != item[0]}
+        for exp_id in changed:
+            self.remove(exp_id)
+        if not changed:
+            return
+        keys = [index_key(exp_id) for exp_id in changed]
+        for key, (exp_id, (version, _)) in zip(keys, changed.items(), strict=True):
+            owner = self._ids.get(key)
+            if owner is not None and owner != exp_id:
+                raise ValueError(f"index key collision between two experiences ({key})")
+            self._ids[key] = exp_id
+            self._version[exp_id] = version
+        vectors = np.stack([unpack_float16(values) for _, values in changed.values()])
+        self._index.add(np.array(keys, dtype=np.uint64), vectors)
 
     def remove(self, exp_id: bytes) -> None:
         key = index_key(exp_id)
         if self._ids.get(key) == exp_id:
             self._index.remove(key)
-            del self._ids[key]
+            del self._ids[key], self._version[exp_id]
 
     def search(self, vector: np.ndarray, count: int) -> list[tuple[bytes, float]]:
         """Up to `count` nearest experiences as (id, cosine similarity), best first."""
@@ -95,10 +112,11 @@ class ExperienceIndex:
         done = 0
         batch_keys: list[int] = []
         batch_vectors: list[np.ndarray] = []
-        for exp_id, values in live:
+        for exp_id, version, values in live:
             batch_keys.append(index_key(exp_id))
             batch_vectors.append(unpack_float16(values))
             self._ids[batch_keys[-1]] = exp_id
+            self._version[exp_id] = version
             if len(batch_keys) == 1000:
                 self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
                 done += len(batch_keys)
@@ -141,10 +159,13 @@ class ExperienceIndex:
                 return f"stale (generation {meta['generation']}, library at {generation})"
             index = Index.restore(str(index_path))
             raw = meta["ids"]
-            ids = {index_key(raw[i : i + _CID_LEN]): raw[i : i + _CID_LEN] for i in range(0, len(raw), _CID_LEN)}
+            pairs = [
+                (raw[i : i + _CID_LEN], raw[i + _CID_LEN : i + 2 * _CID_LEN]) for i in range(0, len(raw), 2 * _CID_LEN)
+            ]
+            ids = {index_key(exp_id): exp_id for exp_id, _ in pairs}
             if index is None or len(index) != len(ids) or any(not index.contains(key) for key in ids):
                 return "corrupt (keys disagree with the saved key map)"
         except Exception as exc:  # usearch and cbor2 raise various types on damaged files
             return f"unreadable ({type(exc).__name__}: {exc})"
-        self._index, self._ids, self.generation = index, ids, generation
+        self._index, self._ids, self._version, self.generation = index, ids, dict(pairs), generation
         return None

@@ -275,19 +275,22 @@ class Ledger:
 
     # --- the vector index ---------------------------------------------------------------------
 
-    def _live_embeddings(self) -> Iterator[tuple[bytes, bytes]]:
+    def _live_embeddings(self) -> Iterator[tuple[bytes, bytes, bytes]]:
         for record in self.library.experiences():
             if record["status"] == "live":
-                yield record["id"].raw, self.library.content(self.store, record["version"].raw).embedding.values
+                version = record["version"].raw
+                yield record["id"].raw, version, self.library.content(self.store, version).embedding.values
 
     def _sync_index(self) -> None:
         """Bring the index in line with every experience record the last commit changed."""
+        live, removals = {}, []
         for exp_id in self.library.touched:
             record = self.library.record(self.store, exp_id)
-            if record is not None and record["status"] == "live":
-                self.index.upsert(exp_id, self.library.content(self.store, record["version"].raw).embedding.values)
-            else:
-                self.index.remove(exp_id)
+            if record is None or record["status"] != "live":
+                removals.append(exp_id)
+            elif not self.index.holds(exp_id, version := record["version"].raw):
+                live[exp_id] = (version, self.library.content(self.store, version).embedding.values)
+        self.index.update(live, removals)
         self.library.touched.clear()
         self.index.generation = self.generation
 
