@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -48,9 +49,15 @@ def report(embedder: Embedder, data: dict, threshold: float) -> None:
                 served += 1
                 served_relevant += exp_id in relevant
     count = len(data["queries"])
+    texts = [e["text"] for e in experiences] * 50
+    start = time.perf_counter()
+    embedder.embed(texts)
+    speed = len(texts) / (time.perf_counter() - start)
     paraphrases = _cosines(embedder, data["paraphrases"])
     negations = _cosines(embedder, data["negations"])
-    print(f"{embedder.model_id} ({embedder.dim}-d), {len(experiences)} experiences, {count} queries")
+    print(
+        f"{embedder.model_id} ({embedder.dim}-d), {len(experiences)} experiences, {count} queries, {speed:,.0f} texts/s"
+    )
     print("  " + ", ".join(f"hit@{k} {hits[k] / count:.2f}" for k in hits))
     print(
         f"  at threshold {threshold}: {served} served, precision {served_relevant / max(served, 1):.2f}, "

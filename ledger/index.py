@@ -140,7 +140,7 @@ class ExperienceIndex:
             "model": self._model,
             "dim": self._dim,
             "generation": self.generation,
-            "ids": b"".join(self._ids.values()),
+            "ids": b"".join(exp_id + self._version[exp_id] for exp_id in self._ids.values()),
         }
         (self._directory / (META_FILE + ".tmp")).write_bytes(codec.pack(meta))
         os.replace(str(index_path) + ".tmp", index_path)

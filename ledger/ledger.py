@@ -82,6 +82,8 @@ class Ledger:
         self._check_recent(_RECENT_CHECK)
         self.index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
         why = self.index.load(self.generation)
+        #: "loaded", or why the saved index could not be used and was rebuilt
+        self.index_status = why or "loaded"
         if why is not None:
             self.rebuild_index(why)
 
@@ -174,7 +176,8 @@ class Ledger:
         accepted: list[Block] = []
         seen: set[bytes] = set()
         checked = [inspect(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
-        inconsistent = self._inconsistent_embeddings([block for block, errors in checked if block and not errors])
+        fresh = [block for block, errors in checked if block and not errors and not self.has(block.cid)]
+        inconsistent = self._inconsistent_embeddings(fresh)  # duplicates were checked when first accepted
         for block, errors in checked:
             if block is not None and block.cid.raw in inconsistent:
                 errors = [inconsistent[block.cid.raw]]

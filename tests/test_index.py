@@ -28,12 +28,12 @@ def test_index_equals_live_experiences_through_restarts_and_lost_files(tmp_path_
     ledger.close()
 
     ledger = open_ledger(path)  # saved index, reloaded
-    assert ledger.index.ids() == live
+    assert ledger.index_status == "loaded" and ledger.index.ids() == live
     ledger.close()
 
     (path / INDEX_FILE).unlink()  # lost index: rebuilt
     ledger = open_ledger(path)
-    assert ledger.index.ids() == live
+    assert ledger.index_status == "missing" and ledger.index.ids() == live
     ledger.close()
 
 
@@ -50,7 +50,7 @@ def test_a_stale_index_is_rebuilt(tmp_path):
     (tmp_path / "n" / INDEX_FILE).write_bytes(saved[0])  # as if the node died before saving the newer index
     (tmp_path / "n" / META_FILE).write_bytes(saved[1])
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index.ids() == live
+    assert ledger.index_status.startswith("stale") and ledger.index.ids() == live
     ledger.close()
 
 
@@ -61,9 +61,9 @@ def test_a_damaged_index_is_rebuilt(tmp_path):
     ledger.close()
     (tmp_path / "n" / INDEX_FILE).write_bytes(b"\x00garbage" * 10)
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index.ids() == live
+    assert ledger.index_status.startswith(("unreadable", "corrupt")) and ledger.index.ids() == live
     ledger.close()
     (tmp_path / "n" / META_FILE).write_bytes(b"\xff\xfe")
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index.ids() == live
+    assert ledger.index_status.startswith("unreadable") and ledger.index.ids() == live
     ledger.close()
