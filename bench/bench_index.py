@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     corpus = embed_all(embedder, texts(max(sizes), rng))
     queries = embed_all(embedder, texts(args.queries, rng))
     print(f"model {embedder.model_id} ({embedder.dim}-d), {args.queries} queries, k=5")
+    sample = texts(5000, rng)
+    for speed_embedder in (embedder_for(params), HashingEmbedder(256)):
+        start = time.perf_counter()
+        embed_all(speed_embedder, sample)
+        print(f"  {speed_embedder.model_id}: {len(sample) / (time.perf_counter() - start):,.0f} embeddings/s")
     for size in sizes:
         vectors = corpus[:size]
         packed = [pack_float16(v) for v in vectors]
@@ -72,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             index.rebuild(zip(ids, ids, packed, strict=True), size, 0)
             build = time.perf_counter() - start
+            index.save()
+            start = time.perf_counter()
+            restored = ExperienceIndex(Path(tmp), embedder.model_id, embedder.dim)
+            assert restored.load(0) is None and len(restored) == size
+            restore = time.perf_counter() - start
             exact_matrix = np.stack([np.frombuffer(p, dtype="<f2").astype(np.float32) for p in packed])
             exact_matrix /= np.linalg.norm(exact_matrix, axis=1, keepdims=True)
             hnsw_times, exact_times, recalls = [], [], []
@@ -84,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 exact_times.append(time.perf_counter() - start)
                 recalls.append(len(found & {ids[i] for i in truth.tolist()}) / 5)
         print(
-            f"  {size:>7,} experiences: build {build:6.1f} s, "
+            f"  {size:>7,} experiences: build {build:6.1f} s, restore {restore * 1e3:.0f} ms, "
             f"HNSW p50/p99 {percentile(hnsw_times, 0.5) * 1e3:.2f}/{percentile(hnsw_times, 0.99) * 1e3:.2f} ms, "
             f"exact p50/p99 {percentile(exact_times, 0.5) * 1e3:.2f}/{percentile(exact_times, 0.99) * 1e3:.2f} ms, "
             f"speed-up x{statistics.median(exact_times) / statistics.median(hnsw_times):.1f}, "
