@@ -249,7 +249,6 @@ class Ledger:
         except BaseException:
             self.merkle.reload()
             self.library.reset()
-            self.library.touched.clear()
             raise
         self._state_root = root
         self._sync_index()

@@ -340,6 +340,8 @@ class Library:
     def reset(self, empty: bool = False) -> None:
         """Drop in-memory state after a transaction that did not commit (`empty`: for a rebuild from nothing)."""
         self._vectors = _LiveVectors(self._params.embedding_dim) if empty else None
+        self._folding = {}
+        self.touched.clear()
 
     def _live_vectors(self) -> _LiveVectors:
         if self._vectors is None:
