@@ -59,7 +59,7 @@ def _canonical(value: Any, depth: int = 0) -> Any:
         return value
     if kind is int:
         if not _INT_MIN <= value <= _INT_MAX:
-            raise EncodeError("codec.int_range", f"integer {value} does not fit in 64 bits")
+            raise EncodeError("codec.int_range", f"integer of {value.bit_length()} bits does not fit in 64 bits")
         return value
     if kind is float:
         if not math.isfinite(value):
@@ -94,6 +94,20 @@ def _tag_hook(tag: cbor2.CBORTag, _immutable: bool) -> CID:
         raise DecodeError("codec.cid", exc.message) from None
 
 
+def _refuse_tag(tag: int) -> Any:
+    def refuse(*_: Any) -> Any:
+        raise DecodeError("codec.tag", f"tag {tag} is not allowed (only 42, a CID link)")
+
+    return refuse
+
+
+#: every tag cbor2 would otherwise interpret itself. Shared values (28/29) and string references
+#: (25/256) expand exponentially when re-encoded, and bignums (2/3) make huge ints: refuse them
+#: as soon as they are read, before any expansion.
+_NATIVE_TAGS = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 55799)
+_REFUSE_NATIVE = {tag: _refuse_tag(tag) for tag in _NATIVE_TAGS}
+
+
 def decode(data: bytes) -> Any:
     """Decode exactly one canonical DAG-CBOR value; any other input raises DecodeError and nothing else."""
     if type(data) is not bytes:
@@ -102,6 +116,7 @@ def decode(data: bytes) -> Any:
         value = cbor2.loads(
             data,
             tag_hook=_tag_hook,
+            semantic_decoders=_REFUSE_NATIVE,
             allow_indefinite=False,
             allow_duplicate_keys=False,
             max_depth=_MAX_DEPTH,
@@ -116,6 +131,8 @@ def decode(data: bytes) -> Any:
         canonical = encode(value)
     except EncodeError as exc:
         raise DecodeError(exc.code, exc.message) from None
+    except Exception as exc:  # anything else the decoded value provokes is still just bad input
+        raise DecodeError("codec.malformed", f"cannot re-encode the decoded value ({type(exc).__name__})") from None
     if canonical != data:
         raise DecodeError(
             "codec.non_canonical",

@@ -16,6 +16,7 @@ from ledger.errors import LedgerError
 
 _ED25519_PUB_MULTICODEC = b"\xed\x01"
 _DID_PREFIX = "did:key:z"
+_DID_MAX_LENGTH = 64  # an Ed25519 did:key has 56 characters; refuse long input before decoding it
 _KEY_FILE_TYPE = "ed25519-seed"
 SIGNATURE_LENGTH = 64
 
@@ -31,7 +32,7 @@ def did_from_public_key(public_key: bytes) -> str:
 
 @lru_cache(maxsize=65536)
 def _verify_key(did: str) -> nacl.signing.VerifyKey:
-    if not did.startswith(_DID_PREFIX):
+    if not did.startswith(_DID_PREFIX) or len(did) > _DID_MAX_LENGTH:
         raise IdentityError("author.did", f"author: {did[:40]!r} is not a base58btc did:key (did:key:z…)")
     try:
         raw = multibase.decode(did[len("did:key:") :])

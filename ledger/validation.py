@@ -12,7 +12,7 @@ import numpy as np
 
 from ledger.cid import CID
 from ledger.errors import LedgerError
-from ledger.keys import IdentityError, public_key_from_did, verify_signature
+from ledger.keys import SIGNATURE_LENGTH, IdentityError, public_key_from_did, verify_signature
 from ledger.ops import Block, Experience, Kind, Operation, decode_block
 from ledger.params import NetworkParams
 
@@ -25,7 +25,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # Structure (format seed 1): "When [context], [action]" (also "For …, …", "If …, …"),
 # or "[precondition] implies [strategy]".
 _CONTEXT_CLAUSE = re.compile(r"(?:when|for|if)\s+\w[^,]*,\s*\w", re.IGNORECASE)
-_IMPLICATION = re.compile(r"\w.*?\s+implies\s+\w", re.IGNORECASE | re.DOTALL)
+_IMPLICATION = re.compile(r"\w.*?\simplies\s+\w", re.IGNORECASE | re.DOTALL)  # linear: one \s before it
 
 # Generality (format seed 1: "no problem-specific constants"). A heuristic, documented in
 # docs/PROTOCOL.md: an experience states a strategy, so it holds no equations, no algebra and no
@@ -33,6 +33,7 @@ _IMPLICATION = re.compile(r"\w.*?\s+implies\s+\w", re.IGNORECASE | re.DOTALL)
 _EQUATION = re.compile(r"[\w)\]]\s*(?:==|=|≠|≤|≥|<|>)\s*[-\w(\[]")
 _EXPRESSION = re.compile(r"\w\s*\^\s*[-\w(]|\d\s*[-+*/\u00d7\u00f7]\s*\d|\b\d+[a-z]\b")
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:[.,/:]\d+)*")
+_COORDINATES = re.compile(r"\(\s*-?\d+(?:\.\d+)?\s*[,;]\s*-?\d")
 #: a cheap pre-filter: text without any of these characters passes all three generality rules
 _GENERALITY_HINT = re.compile(r"[\d=<>≠≤≥^]")
 
@@ -73,13 +74,13 @@ def check_text(text: str, params: NetworkParams, path: str = "content.text") -> 
         )
     if not _GENERALITY_HINT.search(text):
         return errors
-    for code, pattern, what in (
-        ("text.generality.equation", _EQUATION, "an equation or inequality"),
-        ("text.generality.expression", _EXPRESSION, "an algebraic expression"),
-        ("text.generality.number", _NUMBER, "a concrete number"),
+    numbers = (found for found in _NUMBER.finditer(text) if len(found.group()) > 1)
+    for code, found, what in (
+        ("text.generality.equation", _EQUATION.search(text), "an equation or inequality"),
+        ("text.generality.expression", _EXPRESSION.search(text), "an algebraic expression"),
+        ("text.generality.number", next(numbers, None) or _COORDINATES.search(text), "a concrete number"),
     ):
-        found = pattern.search(text)
-        if found and (code != "text.generality.number" or len(found.group()) > 1):
+        if found:
             errors.append(
                 ValidationError(code, f"{path}: holds {what} ({found.group()!r}); state the strategy, not the problem")
             )
@@ -204,7 +205,7 @@ def check_operation(op: Operation, params: NetworkParams, signing_bytes: bytes |
             errors.append(ValidationError("limits.reason", f"reason: longer than {params.max_reason_chars} characters"))
     if op.kind is Kind.VOTE and op.vote not in (1, -1):
         errors.append(ValidationError("vote.value", f"vote: {op.vote} must be +1 or -1"))
-    if len(op.signature) != 64:
+    if len(op.signature) != SIGNATURE_LENGTH:
         errors.append(ValidationError("signature.length", f"signature: {len(op.signature)} bytes, expected 64"))
     elif author_ok and not verify_signature(op.author, signing_bytes, op.signature):
         errors.append(ValidationError("signature.invalid", "signature: does not verify against the author's key"))

@@ -66,9 +66,11 @@ def test_floats_are_always_64_bit_and_keys_length_first():
         ("f7", "codec.type"),  # undefined
         ("f97e00", "codec.float"),  # NaN
         ("f97c00", "codec.float"),  # infinity
-        ("c11a514b67b0", "codec.type"),  # tag 1 (epoch time)
+        ("c11a514b67b0", "codec.tag"),  # tag 1 (epoch time)
         ("d82b01", "codec.tag"),  # unknown tag
-        ("c24101", "codec.non_canonical"),  # bignum
+        ("c24101", "codec.tag"),  # bignum
+        ("d81c8161" + "78", "codec.tag"),  # a shareable value (tag 28)
+        ("d9d9f701", "codec.tag"),  # self-described CBOR
         ("a1016161", "codec.key_type"),  # integer key
         ("d82a420001", "codec.cid"),  # link that is not dag-cbor/sha2-256
         ("d82a4101", "codec.cid"),  # link without the 0x00 multibase prefix
@@ -91,6 +93,34 @@ def test_values_outside_the_data_model_are_not_encoded(value, code):
     with pytest.raises(codec.EncodeError) as caught:
         codec.encode(value)
     assert caught.value.code == code
+
+
+def _shared_bomb(levels: int) -> bytes:
+    """28([L, 29(i)]) nested: each level doubles the value once references are expanded."""
+
+    def level(k: int, index: int) -> bytes:
+        if k == 0:
+            return b"\xd8\x1c\x81\x61x"
+        inner = level(k - 1, index + 1)
+        ref = bytes([0x18, index + 1]) if index + 1 >= 24 else bytes([index + 1])
+        return b"\xd8\x1c\x82" + inner + b"\xd8\x1d" + ref
+
+    return level(levels, 0)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _shared_bomb(12),
+        b"\x9a\x00\x00\x40\x00" + b"\xd8\x1d\x00" * 16384,  # many references to one shared value
+        b"\xc2\x59\x08\x00" + b"\xff" * 2048,  # a 16,384-bit bignum
+        b"\xd9\x01\x00\x82\x63abc\xd8\x19\x00",  # string references
+    ],
+)
+def test_expanding_and_huge_forms_are_refused_before_they_expand(data):
+    with pytest.raises(codec.DecodeError) as caught:
+        codec.decode(data)
+    assert caught.value.code in ("codec.tag", "codec.malformed")
 
 
 def test_decode_rejects_non_bytes():

@@ -56,6 +56,8 @@ def test_strategic_texts_pass_structure_and_generality(text):
         ("When the answer is 42, double check it.", "text.generality.number"),
         ("When a probability is 0.25, consider complements.", "text.generality.number"),
         ("When a point is at (3,4), measure from the origin.", "text.generality.number"),
+        ("When a point is at (3, 4), measure from the origin.", "text.generality.number"),
+        ("When solving with 2 cases, check 37 values.", "text.generality.number"),
         ("", "text.empty"),
         ("   ", "text.empty"),
         ("When a line breaks,\nkeep it on one line.", "text.control"),
@@ -64,6 +66,11 @@ def test_strategic_texts_pass_structure_and_generality(text):
 )
 def test_text_rules_reject_with_their_code(text, code):
     assert code in text_codes(text)
+
+
+def test_a_long_run_of_spaces_is_judged_quickly():
+    # the "implies" pattern once backtracked quadratically here (~30 s for this text)
+    assert "text.structure" in text_codes("a" + " " * 60_000 + "b")
 
 
 def test_text_limit_in_tokens_is_expressible():
