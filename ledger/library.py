@@ -307,32 +307,29 @@ class Library:
         return ancestor in self.ancestors_among(view, [ancestor], descendant)
 
     def ancestors_among(self, view: Store | Transaction, candidates: list[bytes], descendant: bytes) -> set[bytes]:
-        """Which `candidates` are reachable from `descendant` through parent links.
+        """Which `candidates` are ancestors of `descendant` (§7.2: reachable through parent links,
+        walking only through operations whose clock exceeds the candidate's).
 
-        The walk only enters operations whose clock exceeds the lowest candidate's; with valid
-        clocks (each above its parents') that is exactly reachability. Direct parents, the
-        usual case, cost nothing beyond one lookup.
+        Direct parents, the usual case, cost one lookup; the others are walked one by one, each
+        with its own clock floor, as the definition says.
         """
-        wanted = set(candidates)
         parents = self.meta(view, descendant).parents
-        found = wanted.intersection(parents)
-        if found == wanted:
-            return found
-        floor = min(self.meta(view, c).clock for c in wanted - found)
-        stack = list(parents)
-        seen: set[bytes] = set()
-        while stack:
-            parent = stack.pop()
-            if parent in seen:
-                continue
-            seen.add(parent)
-            if parent in wanted:
-                found.add(parent)
-                if found == wanted:
+        found = set(candidates).intersection(parents)
+        for candidate in set(candidates) - found:
+            floor = self.meta(view, candidate).clock
+            stack = list(parents)
+            seen: set[bytes] = set()
+            while stack:
+                parent = stack.pop()
+                if parent == candidate:
+                    found.add(candidate)
                     break
-            meta = self.meta(view, parent)
-            if meta.clock > floor:
-                stack.extend(meta.parents)
+                if parent in seen:
+                    continue
+                seen.add(parent)
+                meta = self.meta(view, parent)
+                if meta.clock > floor:
+                    stack.extend(meta.parents)
         return found
 
     # --- writing -----------------------------------------------------------------------------
@@ -380,11 +377,21 @@ class Library:
         start = None
         for cid_raw, op in ready:
             key = order_key(op.clock, cid_raw)
-            new_keys[key] = op
             meta = self.meta(txn, cid_raw)
             for target in meta.targets:
                 txn.put(BY_TARGET + target + key, bytes([_KINDS.index(op.kind)]))
+            void = self.clock_void(txn, meta)
+            if void is not None:
+                # void wherever it sorts and read by no rule: record it in place, refold nothing
+                txn.put(ORDER + key, b"")
+                txn.put(UNDO + cid_raw, codec.pack([[STATUS + cid_raw, txn.get(STATUS + cid_raw)]]))
+                txn.put(STATUS + cid_raw, codec.pack(void))
+                continue
+            new_keys[key] = op
             start = key if start is None or key < start else start
+        if start is None:
+            self._folding = {}
+            return
         for key, op in new_keys.items():
             if op.kind in (Kind.DELETE, Kind.MODIFY):
                 assert op.target is not None
@@ -432,13 +439,20 @@ class Library:
 
     # --- the rules (docs/PROTOCOL.md §7) -------------------------------------------------------
 
+    def clock_void(self, view: Store | Transaction | _Step, meta: OpMeta) -> dict[str, Any] | None:
+        """The void outcome of an operation whose clock does not exceed its parents' or targets' (§7.4)."""
+        if any(self.meta(view, parent).clock >= meta.clock for parent in meta.parents):
+            return _void("clock.parent", "its clock does not exceed every parent's")
+        if any(self.meta(view, target).clock >= meta.clock for target in meta.targets):
+            return _void("clock.target", "its clock does not exceed its target's")
+        return None
+
     def _rule(self, step: _Step, cid: bytes, op: Operation) -> dict[str, Any]:
         meta = self.meta(step, cid)
-        if any(self.meta(step, parent).clock >= op.clock for parent in meta.parents):
-            return _void("clock.parent", "its clock does not exceed every parent's")
+        void = self.clock_void(step, meta)
+        if void is not None:
+            return void
         for target in meta.targets:
-            if self.meta(step, target).clock >= op.clock:
-                return _void("clock.target", "its clock does not exceed its target's")
             if step.get(EXPERIENCE + target) is None:
                 return _void("target.not_experience", f"target {CID(target)} did not create an experience")
         if op.kind is Kind.ADD:
@@ -519,6 +533,8 @@ class Library:
         for target in meta.targets:
             for key, kind in step.scan(BY_TARGET + target):
                 other = key[1 + _CID_LEN + 8 :]
+                if self.clock_void(step, self.meta(step, other)) is not None:
+                    continue  # void by its clock: it acts on nothing, not even a merge
                 if kind == delete and not self.is_ancestor(step, cid, other):
                     return _void("merge.concurrent_delete", f"{CID(other)} deletes a source (delete beats merge)")
                 if kind == modify and not self.is_ancestor(step, other, cid) and not self.is_ancestor(step, cid, other):
