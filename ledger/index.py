@@ -26,13 +26,12 @@ META_FILE = "index.meta"
 _CID_LEN = 36
 
 
-def index_key(exp_id: bytes) -> int:
-    """A usearch key from an experience id: 63 bits of its sha2-256 digest."""
-    return int.from_bytes(exp_id[-8:], "big") >> 1
-
-
 class ExperienceIndex:
-    """usearch HNSW index whose keys map back to experience ids."""
+    """usearch HNSW index whose keys map back to experience ids.
+
+    Keys come from a local counter, never from the ids themselves: a key derived from a CID
+    could be made to collide by anyone able to sign many operations.
+    """
 
     def __init__(self, directory: Path, model: str, dim: int) -> None:
         self._directory = directory
@@ -40,7 +39,9 @@ class ExperienceIndex:
         self._dim = dim
         self._index = self._new()
         self._ids: dict[int, bytes] = {}
+        self._key_of: dict[bytes, int] = {}
         self._version: dict[bytes, bytes] = {}  # experience id -> the version CID its vector comes from
+        self._next_key = 0
         self.generation = -1
 
     def _new(self) -> Index:
@@ -55,7 +56,7 @@ class ExperienceIndex:
         return set(self._ids.values())
 
     def __contains__(self, exp_id: bytes) -> bool:
-        return self._ids.get(index_key(exp_id)) == exp_id
+        return exp_id in self._key_of
 
     def holds(self, exp_id: bytes, version: bytes) -> bool:
         """Whether the experience is indexed with the vector of that version."""
@@ -74,19 +75,22 @@ class ExperienceIndex:
             self.remove(exp_id)
         if not changed:
             return
-        keys = [index_key(exp_id) for exp_id in changed]
-        for key, (exp_id, (version, _)) in zip(keys, changed.items(), strict=True):
-            owner = self._ids.get(key)
-            if owner is not None and owner != exp_id:
-                raise ValueError(f"index key collision between two experiences ({key})")
-            self._ids[key] = exp_id
+        keys = []
+        for exp_id, (version, _) in changed.items():
+            keys.append(self._assign(exp_id))
             self._version[exp_id] = version
         vectors = np.stack([unpack_float16(values) for _, values in changed.values()])
         self._index.add(np.array(keys, dtype=np.uint64), vectors)
 
+    def _assign(self, exp_id: bytes) -> int:
+        key, self._next_key = self._next_key, self._next_key + 1
+        self._ids[key] = exp_id
+        self._key_of[exp_id] = key
+        return key
+
     def remove(self, exp_id: bytes) -> None:
-        key = index_key(exp_id)
-        if self._ids.get(key) == exp_id:
+        key = self._key_of.pop(exp_id, None)
+        if key is not None:
             self._index.remove(key)
             del self._ids[key], self._version[exp_id]
 
@@ -108,16 +112,15 @@ class ExperienceIndex:
         generation: int,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
-        """Index every (experience id, float16 embedding) from scratch."""
+        """Index every (experience id, version CID, float16 embedding) from scratch."""
         self._index = self._new()
         self._ids = {}
         done = 0
         batch_keys: list[int] = []
         batch_vectors: list[np.ndarray] = []
         for exp_id, version, values in live:
-            batch_keys.append(index_key(exp_id))
+            batch_keys.append(self._assign(exp_id))
             batch_vectors.append(unpack_float16(values))
-            self._ids[batch_keys[-1]] = exp_id
             self._version[exp_id] = version
             if len(batch_keys) == 1000:
                 self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
@@ -142,7 +145,10 @@ class ExperienceIndex:
             "model": self._model,
             "dim": self._dim,
             "generation": self.generation,
-            "ids": b"".join(exp_id + self._version[exp_id] for exp_id in self._ids.values()),
+            "next_key": self._next_key,
+            "entries": b"".join(
+                key.to_bytes(8, "big") + exp_id + self._version[exp_id] for key, exp_id in self._ids.items()
+            ),
         }
         (self._directory / (META_FILE + ".tmp")).write_bytes(codec.pack(meta))
         os.replace(str(index_path) + ".tmp", index_path)
@@ -160,14 +166,21 @@ class ExperienceIndex:
             if meta["generation"] != generation:
                 return f"stale (generation {meta['generation']}, library at {generation})"
             index = Index.restore(str(index_path))
-            raw = meta["ids"]
-            pairs = [
-                (raw[i : i + _CID_LEN], raw[i + _CID_LEN : i + 2 * _CID_LEN]) for i in range(0, len(raw), 2 * _CID_LEN)
+            raw, width = meta["entries"], 8 + 2 * _CID_LEN
+            entries = [
+                (
+                    int.from_bytes(raw[i : i + 8], "big"),
+                    raw[i + 8 : i + 8 + _CID_LEN],
+                    raw[i + 8 + _CID_LEN : i + width],
+                )
+                for i in range(0, len(raw), width)
             ]
-            ids = {index_key(exp_id): exp_id for exp_id, _ in pairs}
-            if index is None or len(index) != len(ids) or any(not index.contains(key) for key in ids):
+            if index is None or len(index) != len(entries) or any(not index.contains(key) for key, _, _ in entries):
                 return "corrupt (keys disagree with the saved key map)"
         except Exception as exc:  # usearch and cbor2 raise various types on damaged files
             return f"unreadable ({type(exc).__name__}: {exc})"
-        self._index, self._ids, self._version, self.generation = index, ids, dict(pairs), generation
+        self._index, self.generation, self._next_key = index, generation, meta["next_key"]
+        self._ids = {key: exp_id for key, exp_id, _ in entries}
+        self._key_of = {exp_id: key for key, exp_id, _ in entries}
+        self._version = {exp_id: version for _, exp_id, version in entries}
         return None

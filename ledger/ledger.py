@@ -286,14 +286,19 @@ class Ledger:
     def _sync_index(self) -> None:
         """Bring the index in line with every experience record the last commit changed."""
         live, removals = {}, []
-        for exp_id in self.library.touched:
-            record = self.library.record(self.store, exp_id)
-            if record is None or record["status"] != "live":
-                removals.append(exp_id)
-            elif not self.index.holds(exp_id, version := record["version"].raw):
-                live[exp_id] = (version, self.library.content(self.store, version).embedding.values)
-        self.index.update(live, removals)
-        self.library.touched.clear()
+        try:
+            for exp_id in self.library.touched:
+                record = self.library.record(self.store, exp_id)
+                if record is None or record["status"] != "live":
+                    removals.append(exp_id)
+                elif not self.index.holds(exp_id, version := record["version"].raw):
+                    live[exp_id] = (version, self.library.content(self.store, version).embedding.values)
+            self.index.update(live, removals)
+        except Exception:  # the batch is durable already; an index that fell out of step is rebuilt
+            log.exception("updating the vector index failed; rebuilding it")
+            self.rebuild_index("an update failed")
+        finally:
+            self.library.touched.clear()
         self.index.generation = self.generation
 
     def rebuild_index(self, why: str = "requested") -> None:
