@@ -13,7 +13,7 @@ DAG_CBOR_CODEC = 0x71
 SHA2_256_CODE = 0x12
 #: version 1, codec dag-cbor, multihash sha2-256 with a 32-byte digest
 _PREFIX = bytes([0x01, DAG_CBOR_CODEC, SHA2_256_CODE, 0x20])
-_RAW_LENGTH = len(_PREFIX) + 32
+CID_LENGTH = len(_PREFIX) + 32  # bytes in a binary CID
 
 
 class CIDError(LedgerError):
@@ -28,7 +28,7 @@ class CID:
     raw: bytes
 
     def __init__(self, raw: bytes) -> None:
-        if len(raw) != _RAW_LENGTH or not raw.startswith(_PREFIX):
+        if len(raw) != CID_LENGTH or not raw.startswith(_PREFIX):
             raise CIDError("cid.invalid", f"not a CIDv1 dag-cbor sha2-256 link: {bytes(raw[:8]).hex()}…")
         object.__setattr__(self, "raw", bytes(raw))
 

@@ -45,7 +45,7 @@ def _sorted_keys(mapping: dict[str, Any]) -> tuple[str, ...]:
     order = _ORDER_CACHE.get(shape)
     if order is None:
         order = tuple(sorted(shape, key=_key_order))
-        if len(_ORDER_CACHE) < _ORDER_CACHE_LIMIT:
+        if len(_ORDER_CACHE) < _ORDER_CACHE_LIMIT and len(shape) <= 16 and all(len(k) <= 16 for k in shape):
             _ORDER_CACHE[shape] = order
     return order
 

@@ -165,6 +165,12 @@ def embedder_for(params: NetworkParams) -> Embedder:
     )
 
 
+def unit(vector: np.ndarray) -> np.ndarray:
+    """`vector` scaled to length 1 (the zero vector stays zero)."""
+    norm = float(np.linalg.norm(vector))
+    return vector / norm if norm else vector
+
+
 def pack_float16(vector: np.ndarray) -> bytes:
     """float16, little-endian, one byte string: the embedding form inside an operation."""
     return np.asarray(vector, dtype="<f2").tobytes()

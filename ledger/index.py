@@ -17,13 +17,13 @@ import numpy as np
 from usearch.index import Index
 
 from ledger import codec
+from ledger.cid import CID_LENGTH
 from ledger.embedder import unpack_float16
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.usearch"
 META_FILE = "index.meta"
-_CID_LEN = 36
 
 
 class ExperienceIndex:
@@ -166,12 +166,12 @@ class ExperienceIndex:
             if meta["generation"] != generation:
                 return f"stale (generation {meta['generation']}, library at {generation})"
             index = Index.restore(str(index_path))
-            raw, width = meta["entries"], 8 + 2 * _CID_LEN
+            raw, width = meta["entries"], 8 + 2 * CID_LENGTH
             entries = [
                 (
                     int.from_bytes(raw[i : i + 8], "big"),
-                    raw[i + 8 : i + 8 + _CID_LEN],
-                    raw[i + 8 + _CID_LEN : i + width],
+                    raw[i + 8 : i + 8 + CID_LENGTH],
+                    raw[i + 8 + CID_LENGTH : i + width],
                 )
                 for i in range(0, len(raw), width)
             ]

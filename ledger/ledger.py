@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ledger import codec
-from ledger.cid import CID
+from ledger.cid import CID, CID_LENGTH
 from ledger.embedder import Embedder, embedder_for, unpack_float16
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex
@@ -51,7 +51,6 @@ DB_DIR = "ledger.db"
 NODE_KEY = "node.key"
 _STATE_ROOT = META + b"state_root"
 _GENERATION = META + b"library_generation"  # bumped by every committed change to the library
-_CID_LEN = 36
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -265,7 +264,7 @@ class Ledger:
             cid = queue.pop()
             applied.append(cid)
             for key, _ in list(txn.scan(WAITER + cid)):
-                waiter = key[1 + _CID_LEN :]
+                waiter = key[1 + CID_LENGTH :]
                 txn.delete(key)
                 still = [d for d in _split(txn.get(PENDING + waiter) or b"") if d != cid]
                 if still:
@@ -347,7 +346,7 @@ class Ledger:
 
     def missing(self) -> set[CID]:
         """CIDs that pending operations depend on and this node has never seen: what sync must fetch."""
-        wanted = {key[1 : 1 + _CID_LEN] for key, _ in self.store.scan(WAITER)}
+        wanted = {key[1 : 1 + CID_LENGTH] for key, _ in self.store.scan(WAITER)}
         return {CID(raw) for raw in wanted if self.store.get(BLOCK + raw) is None}
 
     def experience(self, exp_id: CID) -> dict[str, Any] | None:
@@ -362,14 +361,14 @@ class Ledger:
             return [r["id"] for r in self.library.experiences() if r["status"] == "live"]
         ids = []
         for prefix in (domain_prefix.encode() + b"\x00", domain_prefix.encode() + b"."):
-            ids.extend(CID(key[-_CID_LEN:]) for key, _ in self.store.scan(BY_DOMAIN + prefix))
+            ids.extend(CID(key[-CID_LENGTH:]) for key, _ in self.store.scan(BY_DOMAIN + prefix))
         return ids
 
     def by_author(self, author: str) -> list[CID]:
         return [CID(value) for _, value in self.store.scan(BY_AUTHOR + author.encode() + b"\x00")]
 
     def by_target(self, target: CID) -> list[CID]:
-        return [CID(key[-_CID_LEN:]) for key, _ in self.store.scan(BY_TARGET + target.raw)]
+        return [CID(key[-CID_LENGTH:]) for key, _ in self.store.scan(BY_TARGET + target.raw)]
 
     def applied_in_order(self) -> list[CID]:
         return [CID(key[9:]) for key, _ in self.store.scan(ORDER)]
@@ -446,7 +445,7 @@ class Ledger:
 
 
 def _split(raw: bytes) -> list[bytes]:
-    return [raw[i : i + _CID_LEN] for i in range(0, len(raw), _CID_LEN)]
+    return [raw[i : i + CID_LENGTH] for i in range(0, len(raw), CID_LENGTH)]
 
 
 def _with_status(outcome: Outcome, statuses: dict[bytes, str]) -> Outcome:

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ledger import codec
-from ledger.cid import CID
-from ledger.embedder import unpack_float16
+from ledger.cid import CID, CID_LENGTH
+from ledger.embedder import unit, unpack_float16
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.store import (
@@ -39,7 +39,6 @@ from ledger.store import (
 
 _KINDS = list(Kind)
 _META_HEAD = struct.Struct(">QBBB")
-_CID_LEN = 36
 _META_CACHE_LIMIT = 200_000
 #: the float32 pre-filter may not drop a true near-duplicate: its error is far below this margin
 _PREFILTER_MARGIN = 1e-3
@@ -69,9 +68,9 @@ class OpMeta:
     def decode(cls, raw: bytes) -> OpMeta:
         clock, kind, n_parents, n_targets = _META_HEAD.unpack_from(raw)
         links = raw[_META_HEAD.size :]
-        cut = n_parents * _CID_LEN
-        parents = tuple(links[i : i + _CID_LEN] for i in range(0, cut, _CID_LEN))
-        targets = tuple(links[i : i + _CID_LEN] for i in range(cut, cut + n_targets * _CID_LEN, _CID_LEN))
+        cut = n_parents * CID_LENGTH
+        parents = tuple(links[i : i + CID_LENGTH] for i in range(0, cut, CID_LENGTH))
+        targets = tuple(links[i : i + CID_LENGTH] for i in range(cut, cut + n_targets * CID_LENGTH, CID_LENGTH))
         return cls(clock, _KINDS[kind], parents, targets)
 
 
@@ -95,12 +94,6 @@ def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
     norm_b = sum(x * x for x in ints_b)
     p, q = threshold.numerator, threshold.denominator
     return q * q * dot * dot > p * p * norm_a * norm_b
-
-
-def _unit(values: bytes) -> np.ndarray:
-    vector = unpack_float16(values)
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm else vector
 
 
 class _LiveVectors:
@@ -135,7 +128,7 @@ class _LiveVectors:
                 self._matrix = np.vstack([self._matrix, np.zeros_like(self._matrix)])
             self._row[exp_id] = row
             self._ids[row] = exp_id
-        self._matrix[row] = _unit(values)
+        self._matrix[row] = unit(unpack_float16(values))
         self.raw[exp_id] = values
         self.version[exp_id] = version
         self._changed.add(exp_id)
@@ -158,7 +151,7 @@ class _LiveVectors:
     def prepare(self, batch: dict[bytes, bytes]) -> None:
         """Score the vectors `batch` (key -> float16 values) against every live row at once."""
         self._prepared = {key: column for column, key in enumerate(batch)}
-        queries = np.stack([_unit(values) for values in batch.values()]) if batch else np.zeros((0, 1))
+        queries = np.stack([unit(unpack_float16(values)) for values in batch.values()]) if batch else np.zeros((0, 1))
         self._scores = self._matrix[: len(self._ids)] @ queries.T if batch else np.zeros((0, 0), np.float32)
         self._scored_ids = list(self._ids)
         self._changed = set()
@@ -171,7 +164,7 @@ class _LiveVectors:
             self.prepare(dict(self._plan[start : start + _CHUNK]))
         column = self._prepared.get(key)
         if column is None:
-            scores = self._matrix[: len(self._ids)] @ _unit(values)
+            scores = self._matrix[: len(self._ids)] @ unit(unpack_float16(values))
             return [exp_id for row in np.nonzero(scores > floor)[0].tolist() if (exp_id := self._ids[row]) is not None]
         rows = np.nonzero(self._scores[:, column] > floor)[0].tolist()
         found = [
@@ -181,7 +174,7 @@ class _LiveVectors:
         ]
         changed = [exp_id for exp_id in self._changed if exp_id in self._row]
         if changed:
-            scores = self._matrix[[self._row[exp_id] for exp_id in changed]] @ _unit(values)
+            scores = self._matrix[[self._row[exp_id] for exp_id in changed]] @ unit(unpack_float16(values))
             found.extend(exp_id for exp_id, score in zip(changed, scores.tolist(), strict=True) if score > floor)
         return found
 
@@ -215,7 +208,7 @@ class _Step:
         return dict(found) if found is not None else None
 
     def put_record(self, record: dict[str, Any]) -> dict[str, Any] | None:
-        """Write `record`; returns the previous version (for index maintenance)."""
+        """Write `record`; returns the previous version (to maintain the domain index)."""
         exp_id = record["id"].raw
         self.record(exp_id)
         old = self._records[exp_id]
@@ -293,14 +286,14 @@ class Library:
         """Every experience record and operation status, canonically encoded: equal bytes, equal library."""
         statuses = [[CID(key[1:]), codec.unpack(raw)] for key, raw in self._store.scan(STATUS)]
         votes = [
-            [CID(key[1 : 1 + _CID_LEN]), key[1 + _CID_LEN :].decode(), codec.unpack(raw)]
+            [CID(key[1 : 1 + CID_LENGTH]), key[1 + CID_LENGTH :].decode(), codec.unpack(raw)]
             for key, raw in self._store.scan(VOTES)
         ]
         return codec.encode({"experiences": list(self.experiences()), "statuses": statuses, "votes": votes})
 
     def votes(self, exp_id: bytes) -> dict[str, list[Any]]:
         """Each author's counted vote on an experience: [clock, CID, value]."""
-        return {key[1 + _CID_LEN :].decode(): codec.unpack(raw) for key, raw in self._store.scan(VOTES + exp_id)}
+        return {key[1 + CID_LENGTH :].decode(): codec.unpack(raw) for key, raw in self._store.scan(VOTES + exp_id)}
 
     def is_ancestor(self, view: Store | Transaction, ancestor: bytes, descendant: bytes) -> bool:
         """Whether `ancestor` is reachable from `descendant` through parent links."""
@@ -421,7 +414,7 @@ class Library:
         merge = bytes([_KINDS.index(Kind.MERGE)])
         for key, kind in txn.scan(BY_TARGET + target):
             if kind == merge:
-                yield key[1 + _CID_LEN :]
+                yield key[1 + CID_LENGTH :]
 
     def _undo(self, txn: Transaction, cid_raw: bytes) -> None:
         undo = codec.unpack(txn.get(UNDO + cid_raw))
@@ -532,7 +525,7 @@ class Library:
         delete, modify = bytes([_KINDS.index(Kind.DELETE)]), bytes([_KINDS.index(Kind.MODIFY)])
         for target in meta.targets:
             for key, kind in step.scan(BY_TARGET + target):
-                other = key[1 + _CID_LEN + 8 :]
+                other = key[1 + CID_LENGTH + 8 :]
                 if self.clock_void(step, self.meta(step, other)) is not None:
                     continue  # void by its clock: it acts on nothing, not even a merge
                 if kind == delete and not self.is_ancestor(step, cid, other):
@@ -547,7 +540,7 @@ class Library:
         record["absorbed"] = _sorted_cids(roots)
         for root in roots:  # every author's latest vote on any source counts for the merged experience
             for key, raw in step.scan(VOTES + root):
-                self._vote(step, record, key[1 + _CID_LEN :].decode(), codec.unpack(raw))
+                self._vote(step, record, key[1 + CID_LENGTH :].decode(), codec.unpack(raw))
         for source in sources:
             assert source is not None
             source["status"], source["alias_of"] = "alias", CID(cid)

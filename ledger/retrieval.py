@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ledger.cid import CID
-from ledger.embedder import unpack_float16
+from ledger.embedder import unit, unpack_float16
 from ledger.ledger import Ledger
 from ledger.validation import count_tokens
 
@@ -27,11 +27,6 @@ class Hit:
     downvotes: int
 
 
-def _unit(vector: np.ndarray) -> np.ndarray:
-    norm = float(np.linalg.norm(vector))
-    return vector / norm if norm else vector
-
-
 class Retriever:
     """Answers queries from a ledger's index with its network's embedder and thresholds."""
 
@@ -39,7 +34,7 @@ class Retriever:
         self._ledger = ledger
 
     def _query_vector(self, query: str) -> np.ndarray:
-        return _unit(self._ledger.embedder.embed([query])[0].astype(np.float32))
+        return unit(self._ledger.embedder.embed([query])[0].astype(np.float32))
 
     def retrieve(
         self, query: str, k: int = DEFAULT_K, threshold: float | None = None, domain_prefix: str | None = None
@@ -50,6 +45,8 @@ class Retriever:
         index proposes candidates. With a domain filter the live experiences of that domain are
         scored exhaustively, so the filter never starves the result.
         """
+        if k <= 0:
+            return []
         threshold = self._ledger.params.relevance_threshold if threshold is None else threshold
         vector = self._query_vector(query)
         if domain_prefix:
@@ -62,7 +59,7 @@ class Retriever:
             if record is None or record["status"] != "live":
                 continue  # never serve a deleted, merged-away or superseded version
             content = self._ledger.library.content(self._ledger.store, record["version"].raw)
-            score = float(_unit(unpack_float16(content.embedding.values)) @ vector)
+            score = float(unit(unpack_float16(content.embedding.values)) @ vector)
             if score > threshold:
                 hits.append(
                     Hit(

@@ -24,11 +24,11 @@ BLOCK = b"B"  # B cid -> operation bytes
 SEQ = b"S"  # S cid -> u64 position in the local log
 LOG = b"L"  # L u64 -> cid
 NODE = b"N"  # N u8 level, u64 index -> hash of a perfect Merkle subtree (level 0: leaf hash)
-OPMETA = b"K"  # K cid -> u64 clock, u8 kind, parent cids (what causality queries need)
+OPMETA = b"K"  # K cid -> u64 clock, u8 kind, u8 counts, parent and target cids (what causality needs)
 PENDING = b"P"  # P cid -> cids it still waits for
 WAITER = b"W"  # W dependency cid, waiting cid -> ""
 BY_AUTHOR = b"A"  # A author did, 0x00, u64 seq -> cid
-BY_TARGET = b"T"  # T target cid, order -> "" (applied operations naming a target)
+BY_TARGET = b"T"  # T target cid, order -> kind byte (applied operations naming a target)
 ORDER = b"O"  # O order (u64 clock, cid) -> "" (applied operations in canonical order)
 UNDO = b"U"  # U cid -> how to undo that operation's fold step
 EXPERIENCE = b"X"  # X experience id -> experience record
@@ -169,10 +169,6 @@ class Transaction:
         for key in mine[index:]:
             if (written := self._writes[key]) is not None:
                 yield key, written
-
-    @property
-    def size(self) -> int:
-        return len(self._writes)
 
     def commit(self) -> None:
         self._store.write(self._writes)
