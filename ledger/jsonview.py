@@ -21,7 +21,13 @@ class JsonViewError(LedgerError):
     """A JSON experience that cannot become an operation's content."""
 
 
-def iso8601(seconds: int) -> str:
+_LAST_ISO_SECOND = 253402300799  # 9999-12-31T23:59:59Z
+
+
+def iso8601(seconds: int) -> str | None:
+    """ISO-8601 UTC, or None for a time outside years 1970-9999 (valid operations may carry one)."""
+    if not 0 <= seconds <= _LAST_ISO_SECOND:
+        return None
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -73,7 +79,7 @@ def operation_json(block: Block) -> dict[str, Any]:
         "clock": op.clock,
         "parents": [str(parent) for parent in op.parents],
         "created": op.created,
-        "created_at": iso8601(op.created) if 0 <= op.created < 253402300800 else None,
+        "created_at": iso8601(op.created),
     }
     if op.content is not None:
         content = op.content
@@ -127,10 +133,15 @@ def experience_from_json(obj: Any, embedder: Embedder) -> Experience:
     domain = tuple(domain_value.split(".")) if isinstance(domain_value, str) else tuple(domain_value)
     if not all(isinstance(label, str) for label in domain):
         raise JsonViewError("json.type", "domain: labels must be strings")
-    confidence = float(_field(obj, "confidence", (int, float)))
+    try:
+        confidence = float(_field(obj, "confidence", (int, float)))
+    except OverflowError:
+        confidence = math.inf
     if not math.isfinite(confidence):
         raise JsonViewError("json.type", "confidence: must be a finite number")
     examples = []
+    if not isinstance(obj.get("examples", []), list):
+        raise JsonViewError("json.type", "examples: expected a list")
     for index, item in enumerate(obj.get("examples", [])):
         where = f"examples[{index}]."
         if not isinstance(item, dict):

@@ -82,18 +82,25 @@ class AuthorKey:
         return self._signing_key.sign(message).signature
 
     def save(self, path: Path) -> None:
-        """Write the key to a new file created 0600; never overwrite an existing key."""
+        """Write the key to a new file created 0600, atomically; never overwrite an existing key."""
+        path = Path(path)
         body = json.dumps({"type": _KEY_FILE_TYPE, "seed": self.seed.hex(), "did": self.did}) + "\n"
+        if path.exists():
+            raise IdentityError("keyfile.exists", f"{path}: already exists; refusing to overwrite a key")
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                handle.write(body)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.link(temporary, path)  # fails if the name appeared meanwhile: no overwrite, no half-written key
         except FileExistsError:
             raise IdentityError("keyfile.exists", f"{path}: already exists; refusing to overwrite a key") from None
         except OSError as exc:
             raise IdentityError("keyfile.io", f"{path}: cannot create ({exc.strerror})") from None
-        with os.fdopen(fd, "w") as handle:
-            handle.write(body)
-            handle.flush()
-            os.fsync(handle.fileno())
+        finally:
+            temporary.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: Path) -> AuthorKey:

@@ -96,12 +96,14 @@ class Ledger:
         data_dir = Path(data_dir)
         params = params or NetworkParams()
         embedder = embedder or embedder_for(params)  # refuses, before touching the data, a model it cannot load
-        fresh = not data_dir.exists() or not any(data_dir.iterdir())
+        # a directory holding only the node key is one whose creation was interrupted: finish it
+        fresh = not data_dir.exists() or set(os.listdir(data_dir)) <= {NODE_KEY}
         if fresh:
             data_dir.mkdir(parents=True, exist_ok=True)
             os.chmod(data_dir, 0o700)
+            if not (data_dir / NODE_KEY).exists():
+                AuthorKey.generate().save(data_dir / NODE_KEY)
             store = Store(data_dir / DB_DIR, create=True)
-            AuthorKey.generate().save(data_dir / NODE_KEY)
         else:
             store = Store(data_dir / DB_DIR, create=False)
         try:
@@ -139,24 +141,13 @@ class Ledger:
     def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Check everything: every table's checksums, every logged block against its CID, the Merkle root.
 
+        Reads every key (so LevelDB verifies every block's checksum), re-hashes every logged block
+        and leaf, and recomputes the root from the leaves.
+
         Takes time linear in the log (like `ipfs repo verify`); raises StoreError at the first damage.
         """
-        for table in (
-            META,
-            BLOCK,
-            OPMETA,
-            PENDING,
-            WAITER,
-            BY_AUTHOR,
-            BY_TARGET,
-            ORDER,
-            UNDO,
-            EXPERIENCE,
-            STATUS,
-            VOTES,
-        ):
-            for _ in self.store.scan(table):
-                pass
+        for _ in self.store.scan(b""):  # every table
+            pass
         for position in range(self.log_size):
             self._check_entry(position)
             if progress and (position + 1) % 10_000 == 0:

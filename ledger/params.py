@@ -62,6 +62,9 @@ class NetworkParams:
 
     def __post_init__(self) -> None:
         calibrated = CALIBRATED.get(self.embedding_model, {})
+        for name in ("max_parents", "max_merge_targets"):
+            if not 0 < getattr(self, name) <= 255:  # stored as one byte beside each operation
+                raise ParamsError("params.range", f"{name}: must be between 1 and 255")
         for name in _CALIBRATED_FIELDS:
             if getattr(self, name) is None:
                 if name not in calibrated:
@@ -75,7 +78,7 @@ class NetworkParams:
         """Load a JSON parameter file; unknown keys and wrong types are errors, missing keys take defaults."""
         try:
             raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             raise ParamsError("params.file", f"{path}: cannot read network parameters ({exc})") from None
         return cls.from_mapping(raw, source=str(path))
 

@@ -78,7 +78,8 @@ class Store:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
         except plyvel.Error as exc:
             raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
-        if create and self.get(META + b"format") is None:
+        if self.get(META + b"format") is None and (create or next(self.scan(b""), None) is None):
+            # new, or created by a start that died before writing anything: nothing to lose
             self._db.put(META + b"format", FORMAT, sync=True)
         found = self.get(META + b"format")
         if found != FORMAT:
@@ -97,12 +98,10 @@ class Store:
     def _read_error(self, exc: plyvel.Error) -> StoreError:
         return StoreError("store.corrupt", f"{self.path}: the ledger database is damaged; reading failed ({exc})")
 
-    def scan(self, prefix: bytes, start: bytes | None = None, reverse: bool = False) -> Iterator[tuple[bytes, bytes]]:
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Keys with `prefix` (from `start` on, if given) in key order."""
         try:
-            yield from self._db.iterator(
-                start=start or prefix, stop=prefix_end(prefix), reverse=reverse, verify_checksums=True
-            )
+            yield from self._db.iterator(start=start or prefix, stop=prefix_end(prefix), verify_checksums=True)
         except plyvel.Error as exc:
             raise self._read_error(exc) from None
 

@@ -39,8 +39,8 @@ def _read_json(path: str) -> Any:
         return json.loads(Path(path).read_text())
     except OSError as exc:
         raise UsageError(f"--json: cannot read {path} ({exc.strerror})") from None
-    except ValueError as exc:
-        raise UsageError(f"--json: {path} is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise UsageError(f"--json: {path} is not JSON ({type(exc).__name__}: {exc})") from None
 
 
 def _experience_fields(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,6 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except LedgerError as exc:
         print(f"expledger: error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OSError, ValueError, RecursionError) as exc:  # unusable paths or input the checks above let through
+        print(f"expledger: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -152,6 +152,7 @@ def test_op_new_refuses_to_sign_an_invalid_operation(key):
         (["op", "new", "add", "--example", "{bad", "--text", GEOMETRY], "--example: not JSON"),
         (["op", "inspect", "not-hex-or-file"], "neither a readable file nor hex"),
         (["--network", "/nonexistent.json", "op", "inspect", "a0"], "params.file"),
+        (["op", "new", "vote", "--target", str(f.add().cid), "--value", "+1", "--out", "/nonexistent/dir/op"], "Error"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_precise_message(key, args, needle):

@@ -92,6 +92,9 @@ def test_domain_may_be_given_as_a_list():
         (dict(SEED_VIEW, examples=["a"]), "json.type", "examples[0]"),
         (dict(SEED_VIEW, metadata={"author": "me"}), "json.unknown_field", "metadata.author"),
         (dict(SEED_VIEW, metadata={"source": 5}), "json.type", "metadata.source"),
+        (dict(SEED_VIEW, confidence=10**400), "json.type", "confidence"),
+        (dict(SEED_VIEW, examples=None), "json.type", "examples"),
+        (dict(SEED_VIEW, examples=5), "json.type", "examples"),
     ],
 )
 def test_bad_views_give_a_code_and_name_the_field(view, code, field):

@@ -29,6 +29,8 @@ def test_file_overrides_defaults(tmp_path):
         ('{"text_max": true}', "params.type", "text_max"),
         ('{"text_unit": "chars"}', "params.range", "text_unit"),
         ('{"quorum": 3}', "params.unknown", "quorum"),
+        ('{"max_parents": 300}', "params.range", "max_parents"),
+        ("[" * 100_000 + "]" * 100_000, "params.file", "net.json"),
     ],
 )
 def test_bad_files_give_a_code_and_name_the_field(tmp_path, content, code, needle):

@@ -129,3 +129,27 @@ def test_key_file_and_directory_are_private(tmp_path):
 
 def test_store_errors_belong_to_the_error_family():
     assert issubclass(StoreError, LedgerError)
+
+
+def test_an_interrupted_creation_is_finished_with_the_key_it_made(tmp_path):
+    node = tmp_path / "node"
+    node.mkdir()
+    from ledger.keys import AuthorKey
+
+    key = AuthorKey.generate()
+    key.save(node / "node.key")  # the start died right after writing the key
+    ledger = open_ledger(node)
+    assert ledger.node_key.did == key.did and ledger.log_size == 0
+    ledger.close()
+
+
+def test_a_database_created_but_never_written_is_initialised(tmp_path):
+    node = tmp_path / "node"
+    ledger = open_ledger(node)
+    ledger.close()
+    os.remove(node / "index.usearch")
+    shutil.rmtree(node / "ledger.db")
+    plyvel.DB(str(node / "ledger.db"), create_if_missing=True).close()  # died before writing the format
+    ledger = open_ledger(node)
+    assert ledger.log_size == 0
+    ledger.close()
