@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,24 +153,19 @@ def _vote_value(text: str) -> int:
     return values[text]
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer not below `minimum`."""
 
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}")
+        return value
 
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
+    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,8 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--reason", help="why (delete and merge)")
     new.add_argument("--value", type=_vote_value, help="vote: +1 or -1")
     new.add_argument("--parents", metavar="CID,CID,…", help="heads the author had seen (default: none)")
-    new.add_argument("--clock", type=_positive_int, default=1, help="Lamport clock (default: 1)")
-    new.add_argument("--created", type=_non_negative_int, help="creation time, Unix seconds (default: now)")
+    new.add_argument("--clock", type=_int_at_least(1), default=1, help="Lamport clock (default: 1)")
+    new.add_argument("--created", type=_int_at_least(0), help="creation time, Unix seconds (default: now)")
     new.add_argument("--out", metavar="FILE", help="write raw DAG-CBOR bytes here instead of hex to stdout")
 
     inspect_cmd = op_commands.add_parser("inspect", help="decode and validate an operation; exit 0 only if valid")

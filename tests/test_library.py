@@ -99,8 +99,7 @@ def test_merge_turns_sources_into_aliases_and_keeps_support_and_votes(tmp_path):
     node.close()
 
 
-@pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
-def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
+def _two_adds_and_their_merge():
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
     merge = op(
         Kind.MERGE,
@@ -110,6 +109,12 @@ def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
         content=f.content(f.SEED_TEXTS[2]),
         reason="same",
     )
+    return a, b, merge
+
+
+@pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
+def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
+    a, b, merge = _two_adds_and_their_merge()
     fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_B)}
     rival = op(kind, key=3, clock=5, parents=[a.cid], target=a.cid, **fields)  # sorts after the merge
     node = both_orders(tmp_path, [a, b, merge, rival])
@@ -120,15 +125,7 @@ def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
 
 
 def test_a_delete_after_the_merge_acts_on_the_merged_experience(tmp_path):
-    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    merge = op(
-        Kind.MERGE,
-        clock=2,
-        parents=[a.cid, b.cid],
-        targets=tuple(sorted((a.cid, b.cid))),
-        content=f.content(f.SEED_TEXTS[2]),
-        reason="same",
-    )
+    a, b, merge = _two_adds_and_their_merge()
     delete = op(Kind.DELETE, key=2, clock=3, parents=[merge.cid], target=a.cid, reason="wrong")
     node = both_orders(tmp_path, [a, b, merge, delete])
     assert node.experience(merge.cid)["status"] == "deleted"
