@@ -26,8 +26,8 @@ def _deliveries(rng: random.Random, blocks: list, count: int) -> list[list[list[
     return schedules
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 28))
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 36))
 def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_factory, seed, size):
     rng = random.Random(seed)
     blocks = random_history(rng, size)
