@@ -142,6 +142,9 @@ def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
         "errors": [{"code": error.code, "message": error.message} for error in errors],
         "operation": operation_json(block) if block else None,
     }
+    embedding = (report["operation"] or {}).get("content", {}).get("embedding")
+    if embedding and not args.embedding:
+        embedding["values"] = f"{len(embedding['values'])} float16 values (--embedding shows them)"
     print(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if not errors else EXIT_INVALID
 
@@ -210,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect_cmd = op_commands.add_parser("inspect", help="decode and validate an operation; exit 0 only if valid")
     inspect_cmd.add_argument("source", metavar="FILE|HEX", help="a file with raw or hex DAG-CBOR, or hex")
     inspect_cmd.add_argument("--cid", help="the CID the operation is claimed to have")
+    inspect_cmd.add_argument("--embedding", action="store_true", help="print every embedding value")
     return parser
 
 

@@ -90,6 +90,9 @@ def test_every_kind_can_be_built_signed_and_inspected(key, tmp_path):
     assert code == 0 and report["valid"] and report["cid"] == add_cid
     assert report["operation"]["content"]["text"] == GEOMETRY
     assert report["operation"]["content"]["examples"][0]["correct"] is False
+    assert report["operation"]["content"]["embedding"]["values"].startswith("256 float16 values")
+    code, full = inspect(add_hex, "--embedding")
+    assert code == 0 and len(full["operation"]["content"]["embedding"]["values"]) == 256
     for kind, cid in built.items():
         assert cid.startswith("bafyrei"), kind
     out = tmp_path / "merge.cbor"
