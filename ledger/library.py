@@ -348,9 +348,10 @@ class Library:
     ) -> None:
         """Every write to fold state goes here, so the live vectors follow the experience records."""
         txn.put(key, value)
-        if key[:1] == EXPERIENCE:
-            self.touched.add(key[1:])
-        if key[:1] == EXPERIENCE and self._vectors is not None:
+        if key[:1] != EXPERIENCE:
+            return
+        self.touched.add(key[1:])
+        if self._vectors is not None:
             if record is None and value is not None:
                 record = codec.unpack(value)
             if record is not None and record["status"] == "live":
@@ -392,7 +393,6 @@ class Library:
                     # a merge folded earlier must be folded again unless this operation saw it
                     if merge_key < start and not self.is_ancestor(txn, merge_key[8:], key[8:]):
                         start = merge_key
-        assert start is not None
         tail = [key[1:] for key, _ in txn.scan(ORDER, ORDER + start)]
         self.refolded += len(tail)
         for key in reversed(tail):
