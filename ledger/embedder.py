@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import operator
 import re
 from collections.abc import Sequence
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Protocol
@@ -28,12 +30,18 @@ class EmbedderError(LedgerError):
 
 
 class Embedder(Protocol):
-    """Maps texts to float32 unit vectors of `dim` components; `model_id` names model, backend and precision."""
+    """Maps texts to float32 unit vectors of `dim` components; `model_id` names model, backend and precision.
+
+    `directions` gives, per text, an integer vector pointing exactly where the embedding points,
+    computed without rounding, so that validity checks come out the same on every machine.
+    """
 
     model_id: str
     dim: int
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def directions(self, texts: Sequence[str]) -> list[list[int]]: ...
 
 
 class HashingEmbedder:
@@ -56,17 +64,24 @@ class HashingEmbedder:
             features.extend(f"c:{padded[i : i + 3]}" for i in range(len(padded) - 2))
         return features
 
+    def _counts(self, text: str) -> np.ndarray:
+        counts = np.zeros(self.dim, dtype=np.int64)
+        for feature in self._features(text):
+            bucket, sign = _bucket(feature, self.dim)
+            counts[bucket] += sign
+        return counts
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
-            counts = np.zeros(self.dim, dtype=np.int64)
-            for feature in self._features(text):
-                bucket, sign = _bucket(feature, self.dim)
-                counts[bucket] += sign
+            counts = self._counts(text)
             norm = np.sqrt(float(np.dot(counts, counts)))
             if norm:
                 out[row] = (counts / norm).astype(np.float32)
         return out
+
+    def directions(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self._counts(text).tolist() for text in texts]
 
 
 class WordLlamaEmbedder:
@@ -101,8 +116,8 @@ class WordLlamaEmbedder:
             raise self._unavailable("the wordllama package is not installed")
         root = Path(next(iter(spec.submodule_search_locations)))
         weights_path, tokenizer_path = (self._pinned(root, parts) for parts in self._FILES)
-        table = load_file(str(weights_path))["embedding.weight"]
-        self._table = np.ascontiguousarray(table, dtype=np.float32)
+        self._table16 = load_file(str(weights_path))["embedding.weight"]  # float16, as shipped
+        self._table = np.ascontiguousarray(self._table16, dtype=np.float32)
         self._tokenizer = Tokenizer.from_file(str(tokenizer_path))
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
@@ -119,13 +134,21 @@ class WordLlamaEmbedder:
             raise self._unavailable(f"{path} has SHA-256 {digest[:16]}…, not the pinned model file")
         return path
 
+    def _token_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
+        vocabulary = self._table.shape[0]
+        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
+        return [np.clip(np.asarray(encoding.ids, dtype=np.int64), 0, vocabulary - 1) for encoding in encodings]
+
+    def directions(self, texts: Sequence[str]) -> list[list[int]]:
+        """The sum of each text's float16 rows, scaled by 2^24: exact integers (|value| < 2^40 per row)."""
+        return [
+            (self._table16[ids].astype(np.float64) * (1 << 24)).astype(np.int64).sum(axis=0).tolist()
+            for ids in self._token_ids(texts)
+        ]
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        if not texts:
-            return out
-        vocabulary = self._table.shape[0]
-        for row, encoding in enumerate(self._tokenizer.encode_batch(list(texts), add_special_tokens=False)):
-            ids = np.clip(np.asarray(encoding.ids, dtype=np.int64), 0, vocabulary - 1)
+        for row, ids in enumerate(self._token_ids(texts)):
             if ids.size:
                 total = self._table[ids].sum(axis=0, dtype=np.float32)  # same direction as the mean
                 norm = np.float32(np.sqrt(np.dot(total, total)))
@@ -169,6 +192,27 @@ def unit(vector: np.ndarray) -> np.ndarray:
     """`vector` scaled to length 1 (the zero vector stays zero)."""
     norm = float(np.linalg.norm(vector))
     return vector / norm if norm else vector
+
+
+def within_distance(values: bytes, direction: list[int], epsilon: Fraction) -> bool:
+    """Whether the float16 vector `values` lies within L2 distance `epsilon` of the unit vector along
+    `direction`, decided exactly with integers (the same verdict on every machine).
+
+    With c the float16 values scaled by 2^24 (integers), s the direction, e = p/q:
+    |c/2^24 - s/|s||² <= e²  <=>  A·|s| <= B  with  A = C2 + 2^48·(1 - e²) > 0,  B = 2^25·(c·s),
+    where C2 = |c|²; squared (both sides positive): (q²C2 + 2^48(q²-p²))²·|s|² <= B²·q⁴.
+    """
+    scaled = (np.frombuffer(values, dtype="<f2").astype(np.float64) * (1 << 24)).astype(np.int64).tolist()
+    c2 = sum(x * x for x in scaled)
+    s2 = sum(x * x for x in direction)
+    p, q = epsilon.numerator, epsilon.denominator
+    if s2 == 0:  # no direction at all: only a vector within epsilon of the origin agrees
+        return c2 * q * q <= (p * p) << 48
+    b = sum(map(operator.mul, scaled, direction)) << 25
+    if b <= 0:
+        return False
+    a = q * q * c2 + ((q * q - p * p) << 48)
+    return a * a * s2 <= b * b * q**4
 
 
 def pack_float16(vector: np.ndarray) -> bytes:

@@ -6,6 +6,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ledger import codec
 from ledger.cid import CID, CID_LENGTH
-from ledger.embedder import Embedder, embedder_for, unpack_float16
+from ledger.embedder import Embedder, embedder_for, unit, unpack_float16, within_distance
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex
 from ledger.keys import AuthorKey
@@ -188,17 +189,19 @@ class Ledger:
         """Operations whose embedding is not the network model's embedding of their text (format seed 2).
 
         A wrong embedding is an attack: it would push an experience into unrelated prompts. The
-        texts of a batch are embedded together.
+        texts of a batch are embedded together, and the verdict is exact (integer arithmetic), so
+        every node reaches the same one.
         """
         carriers = [block for block in blocks if block.op.content is not None]
         if not carriers:
             return {}
-        own = self.embedder.embed([block.op.content.text for block in carriers])  # type: ignore[union-attr]
+        directions = self.embedder.directions([block.op.content.text for block in carriers])  # type: ignore[union-attr]
+        epsilon = Fraction(self.params.embedding_epsilon)
         found = {}
-        for block, vector in zip(carriers, own, strict=True):
-            claimed = unpack_float16(block.op.content.embedding.values)  # type: ignore[union-attr]
-            distance = float(np.linalg.norm(claimed - vector))
-            if not distance <= self.params.embedding_epsilon:
+        for block, direction in zip(carriers, directions, strict=True):
+            values = block.op.content.embedding.values  # type: ignore[union-attr]
+            if not within_distance(values, direction, epsilon):
+                distance = float(np.linalg.norm(unpack_float16(values) - unit(np.asarray(direction, dtype=np.float64))))
                 found[block.cid.raw] = ValidationError(
                     "embedding.inconsistent",
                     f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "

@@ -1,9 +1,12 @@
 """The hashing embedder is deterministic, unit-length and meaningful enough to test with."""
 
 import struct
+from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ledger.embedder import (
     EmbedderError,
@@ -11,7 +14,9 @@ from ledger.embedder import (
     WordLlamaEmbedder,
     embedder_for,
     pack_float16,
+    unit,
     unpack_float16,
+    within_distance,
 )
 from ledger.ledger import Ledger
 from ledger.params import NetworkParams, ParamsError
@@ -88,3 +93,31 @@ def test_a_node_that_cannot_load_the_pinned_model_refuses_to_start(tmp_path):
     with pytest.raises(EmbedderError, match="zen-reranker-7680"):
         Ledger.open(tmp_path / "node", params)
     assert not (tmp_path / "node").exists()
+
+
+@pytest.mark.parametrize(
+    "embedder", [HashingEmbedder(256), embedder_for(NetworkParams())], ids=["hashing", "wordllama"]
+)
+def test_directions_point_where_the_embeddings_point(embedder):
+    texts = [*SEED_TEXTS, "When a loop is slow, profile first."]
+    for vector, direction in zip(embedder.embed(texts), embedder.directions(texts), strict=True):
+        assert np.allclose(unit(np.asarray(direction, dtype=np.float64)), vector, atol=1e-6)
+        assert within_distance(pack_float16(vector), direction, Fraction(1, 500))
+
+
+@given(
+    st.lists(st.integers(-1000, 1000), min_size=8, max_size=8),
+    st.lists(st.floats(-0.05, 0.05), min_size=8, max_size=8),
+    st.sampled_from([Fraction(1, 500), Fraction(1, 50), Fraction(1, 5)]),
+)
+def test_the_exact_distance_test_agrees_with_floating_point_away_from_the_boundary(direction, noise, epsilon):
+    target = unit(np.asarray(direction, dtype=np.float64))
+    values = pack_float16((target + np.asarray(noise)).astype(np.float32))
+    distance = float(np.linalg.norm(np.frombuffer(values, dtype="<f2").astype(np.float64) - target))
+    if abs(distance - float(epsilon)) > 1e-9:
+        assert within_distance(values, direction, epsilon) == (distance <= float(epsilon))
+
+
+def test_no_direction_only_accepts_a_vector_near_zero():
+    assert within_distance(pack_float16(np.zeros(4, dtype=np.float32)), [0, 0, 0, 0], Fraction(1, 500))
+    assert not within_distance(pack_float16(np.ones(4, dtype=np.float32)), [0, 0, 0, 0], Fraction(1, 500))
