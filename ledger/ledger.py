@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -52,6 +53,7 @@ DB_DIR = "ledger.db"
 NODE_KEY = "node.key"
 _STATE_ROOT = META + b"state_root"
 _GENERATION = META + b"library_generation"  # bumped by every committed change to the library
+_NETWORK = META + b"network"  # the network parameters the directory was created with
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -113,6 +115,7 @@ class Ledger:
             store.close()
             raise StoreError(exc.code, f"node key: {exc.message}") from None
         try:
+            _check_network(store, params)
             return cls(data_dir, params, store, node_key, embedder)
         except BaseException:
             store.close()
@@ -436,6 +439,23 @@ class Ledger:
             self.library.reset()
             raise
         self.rebuild_index("the library was rebuilt")
+
+
+def _check_network(store: Store, params: NetworkParams) -> None:
+    """A data directory belongs to one network: refuse to open it with other network parameters.
+
+    Validity, the fold and the index all depend on them (as a blockchain node checks its genesis).
+    """
+    wanted = dataclasses.asdict(params)
+    raw = store.get(_NETWORK)
+    if raw is None:
+        store.write({_NETWORK: codec.encode(wanted)})
+        return
+    recorded = codec.decode(raw)
+    differing = sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name) != recorded.get(name))
+    if differing:
+        details = ", ".join(f"{name} {recorded.get(name)!r} (asked {wanted.get(name)!r})" for name in differing)
+        raise StoreError("store.network", f"{store.path}: this data directory belongs to another network: {details}")
 
 
 def _split(raw: bytes) -> list[bytes]:

@@ -153,3 +153,14 @@ def test_a_database_created_but_never_written_is_initialised(tmp_path):
     ledger = open_ledger(node)
     assert ledger.log_size == 0
     ledger.close()
+
+
+def test_a_data_directory_belongs_to_one_network(node):
+    from dataclasses import replace
+
+    with pytest.raises(StoreError) as caught:
+        Ledger.open(node, replace(f.PARAMS, text_max=64))
+    assert caught.value.code == "store.network" and "text_max 32 (asked 64)" in caught.value.message
+    ledger = Ledger.open(node, f.PARAMS)
+    assert ledger.log_size == len({b.cid for b in BLOCKS})
+    ledger.close()
