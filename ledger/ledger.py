@@ -432,7 +432,11 @@ class Ledger:
                 txn.delete(key)
         self.library.reset(empty=True)
         try:
-            self.library.apply(txn, [(cid, load_stored(self.store.get(BLOCK + cid))) for cid in applied])
+            self.library.apply(
+                txn,
+                [(cid, load_stored(self.store.get(BLOCK + cid))) for cid in applied],
+                lambda done, total: log.info("refolded %d/%d operations", done, total),
+            )
             txn.put(_GENERATION, u64(self.generation + 1))
             txn.commit()
         except BaseException:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -361,8 +361,16 @@ class Library:
             else:
                 self._vectors.remove(key[1:])
 
-    def apply(self, txn: Transaction, ready: list[tuple[bytes, Operation]]) -> None:
-        """Fold newly applied operations; refold the tail when one sorts before already-folded ones."""
+    def apply(
+        self,
+        txn: Transaction,
+        ready: list[tuple[bytes, Operation]],
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """Fold newly applied operations; refold the tail when one sorts before already-folded ones.
+
+        `progress(done, total)` is called every 10,000 folded operations (long rebuilds).
+        """
         if not ready:
             return
         self._live_vectors()  # built from committed state, before this transaction changes any record
@@ -406,8 +414,11 @@ class Library:
                 if op.kind is Kind.ADD and op.content
             ]
         )
-        for key in sorted([*tail, *new_keys]):
+        order = sorted([*tail, *new_keys])
+        for done, key in enumerate(order, 1):
             self._fold(txn, key[8:], new_keys.get(key))
+            if progress and done % 10_000 == 0:
+                progress(done, len(order))
         self._folding = {}
 
     def _merges_naming(self, txn: Transaction, target: bytes) -> Iterator[bytes]:
