@@ -122,8 +122,10 @@ class Ledger:
             raise
 
     def close(self) -> None:
-        self.index.save()
-        self.store.close()
+        try:
+            self.index.save()  # if this fails the next start rebuilds the index; the ledger itself is safe
+        finally:
+            self.store.close()
 
     @property
     def generation(self) -> int:

@@ -164,3 +164,11 @@ def test_a_data_directory_belongs_to_one_network(node):
     ledger = Ledger.open(node, f.PARAMS)
     assert ledger.log_size == len({b.cid for b in BLOCKS})
     ledger.close()
+
+
+def test_a_data_directory_in_use_is_refused(node):
+    first = Ledger.open(node, f.PARAMS)
+    with pytest.raises(StoreError) as caught:
+        Ledger.open(node, f.PARAMS)
+    assert caught.value.code == "store.open" and "lock" in caught.value.message.lower()
+    first.close()
