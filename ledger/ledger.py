@@ -54,6 +54,7 @@ NODE_KEY = "node.key"
 _STATE_ROOT = META + b"state_root"
 _GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 _NETWORK = META + b"network"  # the network parameters the directory was created with
+_INDEX_BACKLOG = 50_000  # changed experiences the index may lag behind before ingest catches it up
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -82,8 +83,9 @@ class Ledger:
         self.library = Library(store, params)
         self._state_root = StateRoot(store.get(_STATE_ROOT))
         self._check_recent(_RECENT_CHECK)
-        self.index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
-        why = self.index.load(self.generation)
+        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
+        self._index_pending: set[bytes] = set()  # experiences changed since the index last caught up
+        why = self._index.load(self.generation)
         #: "loaded", or why the saved index could not be used and was rebuilt
         self.index_status = why or "loaded"
         if why is not None:
@@ -249,7 +251,10 @@ class Ledger:
             self.library.reset()
             raise
         self._state_root = root
-        self._sync_index()
+        self._index_pending |= self.library.touched
+        self.library.touched.clear()
+        if len(self._index_pending) > _INDEX_BACKLOG:
+            self._catch_up_index()
         done = set(applied)
         return {block.cid.raw: "applied" if block.cid.raw in done else "pending" for block in blocks}
 
@@ -281,23 +286,33 @@ class Ledger:
                 version = record["version"].raw
                 yield record["id"].raw, version, self.library.content(self.store, version).embedding.values
 
-    def _sync_index(self) -> None:
-        """Bring the index in line with every experience record the last commit changed."""
+    @property
+    def index(self) -> ExperienceIndex:
+        """The vector index, first brought in line with every library change committed so far.
+
+        Ingest only notes which experiences changed; the index catches up when it is next read
+        (or when the backlog grows large), so many commits share one batched usearch insert.
+        """
+        if self._index_pending:
+            self._catch_up_index()
+        return self._index
+
+    def _catch_up_index(self) -> None:
         live, removals = {}, []
         try:
-            for exp_id in self.library.touched:
+            for exp_id in self._index_pending:
                 record = self.library.record(self.store, exp_id)
                 if record is None or record["status"] != "live":
                     removals.append(exp_id)
-                elif not self.index.holds(exp_id, version := record["version"].raw):
+                elif not self._index.holds(exp_id, version := record["version"].raw):
                     live[exp_id] = (version, self.library.content(self.store, version).embedding.values)
-            self.index.update(live, removals)
-        except Exception:  # the batch is durable already; an index that fell out of step is rebuilt
+            self._index.update(live, removals)
+        except Exception:  # the library is durable already; an index that fell out of step is rebuilt
             log.exception("updating the vector index failed; rebuilding it")
             self.rebuild_index("an update failed")
         finally:
-            self.library.touched.clear()
-        self.index.generation = self.generation
+            self._index_pending.clear()
+        self._index.generation = self.generation
 
     def rebuild_index(self, why: str = "requested") -> None:
         """Index every live experience from scratch, logging progress."""
@@ -307,8 +322,9 @@ class Ledger:
         def progress(done: int, of: int) -> None:
             log.info("indexed %d/%d experiences", done, of)
 
-        self.index.rebuild(self._live_embeddings(), total, self.generation, progress if total > 5000 else None)
+        self._index.rebuild(self._live_embeddings(), total, self.generation, progress if total > 5000 else None)
         self.library.touched.clear()
+        self._index_pending.clear()
 
     # --- queries -----------------------------------------------------------------------------
 
