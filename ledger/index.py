@@ -55,9 +55,6 @@ class ExperienceIndex:
     def ids(self) -> set[bytes]:
         return set(self._ids.values())
 
-    def __contains__(self, exp_id: bytes) -> bool:
-        return exp_id in self._key_of
-
     def holds(self, exp_id: bytes, version: bytes) -> bool:
         """Whether the experience is indexed with the vector of that version."""
         return self._version.get(exp_id) == version

@@ -174,14 +174,16 @@ class Ledger:
         accepted: list[Block] = []
         seen: set[bytes] = set()
         checked = [inspect(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
-        fresh = [block for block, errors in checked if block and not errors and not self.has(block.cid)]
-        inconsistent = self._inconsistent_embeddings(fresh)  # duplicates were checked when first accepted
+        valid = {block.cid.raw: block for block, errors in checked if block and not errors}
+        stored = {raw for raw, block in valid.items() if self.has(block.cid)}
+        # each new operation's embedding is checked once; stored ones were checked when first accepted
+        inconsistent = self._inconsistent_embeddings([b for raw, b in valid.items() if raw not in stored])
         for block, errors in checked:
             if block is not None and block.cid.raw in inconsistent:
                 errors = [inconsistent[block.cid.raw]]
             if errors or block is None:
                 outcomes.append(Outcome(block.cid if block else None, "invalid", tuple(errors)))
-            elif block.cid.raw in seen or self.has(block.cid):
+            elif block.cid.raw in seen or block.cid.raw in stored:
                 outcomes.append(Outcome(block.cid, "duplicate"))
             else:
                 seen.add(block.cid.raw)
@@ -330,9 +332,6 @@ class Ledger:
 
     def has(self, cid: CID) -> bool:
         return self.store.get(BLOCK + cid.raw) is not None
-
-    def block(self, cid: CID) -> bytes | None:
-        return self.store.get(BLOCK + cid.raw)
 
     def status(self, cid: CID) -> dict[str, Any] | None:
         """What the fold made of an operation, or {"outcome": "pending", "waiting_for": [...]}.
