@@ -105,3 +105,31 @@ def test_signed_tree_heads_verify_and_detect_tampering():
     assert not TreeHead(10, b"\x02" * 32, head.timestamp, head.node, head.signature).verify()
     assert not TreeHead(10, head.root, head.timestamp, "did:key:zBad", head.signature).verify()
     assert head.to_json()["root"] == "01" * 32
+
+
+def test_the_ledger_serves_signed_heads_and_proofs_by_cid(tmp_path):
+    import random as _random
+
+    from ledger.cid import CID
+    from tests.ledgers import open_ledger, random_history
+
+    ledger = open_ledger(tmp_path / "n")
+    blocks = random_history(_random.Random(9), 40)
+    ledger.ingest([b.data for b in blocks[:25]])
+    old = ledger.tree_head()
+    ledger.ingest([b.data for b in blocks[25:]])
+    head = ledger.tree_head()
+    assert head.verify() and head.node == ledger.node_key.did and head.size == ledger.log_size
+    for block in blocks[::7]:
+        proof = ledger.inclusion_proof(block.cid)
+        leaf = bytes.fromhex(proof["leaf_hash"])
+        assert leaf == rfc.leaf_hash(block.cid.raw)
+        path = [bytes.fromhex(h) for h in proof["audit_path"]]
+        assert rfc.verify_inclusion(leaf, proof["leaf_index"], proof["tree_size"], path, head.root)
+    consistency = ledger.consistency_proof(old.size)
+    assert rfc.verify_consistency(
+        old.size, head.size, old.root, head.root, [bytes.fromhex(h) for h in consistency["proof"]]
+    )
+    with pytest.raises(ProofError):
+        ledger.inclusion_proof(CID.for_block(b"never logged"))
+    ledger.close()
