@@ -100,7 +100,7 @@ class _LiveVectors:
     """Unit float32 vectors of live experiences, to pre-filter near-duplicate candidates.
 
     The filter may let through vectors that are not near-duplicates (the exact test decides),
-    but never drops one. `prepare` scores a whole batch of new vectors in one matrix product
+    but never drops one. `_prepare` scores a whole batch of new vectors in one matrix product
     (far faster than one product per vector); rows changed since then are scored one by one.
     """
 
@@ -148,11 +148,11 @@ class _LiveVectors:
         self._plan_index = {key: index for index, (key, _) in enumerate(upcoming)}
         self._prepared = {}
 
-    def prepare(self, batch: dict[bytes, bytes]) -> None:
-        """Score the vectors `batch` (key -> float16 values) against every live row at once."""
+    def _prepare(self, batch: dict[bytes, bytes]) -> None:
+        """Score the vectors `batch` (key -> float16 values, not empty) against every live row at once."""
         self._prepared = {key: column for column, key in enumerate(batch)}
-        queries = np.stack([unit(unpack_float16(values)) for values in batch.values()]) if batch else np.zeros((0, 1))
-        self._scores = self._matrix[: len(self._ids)] @ queries.T if batch else np.zeros((0, 0), np.float32)
+        queries = np.stack([unit(unpack_float16(values)) for values in batch.values()])
+        self._scores = self._matrix[: len(self._ids)] @ queries.T
         self._scored_ids = list(self._ids)
         self._changed = set()
 
@@ -161,7 +161,7 @@ class _LiveVectors:
         if key not in self._prepared and key in self._plan_index:
             # a small chunk keeps the rows changed since scoring (checked one by one) few
             start = self._plan_index[key]
-            self.prepare(dict(self._plan[start : start + _CHUNK]))
+            self._prepare(dict(self._plan[start : start + _CHUNK]))
         column = self._prepared.get(key)
         if column is None:
             scores = self._matrix[: len(self._ids)] @ unit(unpack_float16(values))
