@@ -7,15 +7,12 @@ import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ledger import codec
 from ledger.cid import CID, CID_LENGTH
-from ledger.embedder import Embedder, embedder_for, unit, unpack_float16, within_distance
+from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex
 from ledger.keys import AuthorKey
@@ -45,7 +42,7 @@ from ledger.store import (
     Transaction,
     u64,
 )
-from ledger.validation import ValidationError, inspect
+from ledger.validation import check_embeddings, examine
 
 log = logging.getLogger(__name__)
 
@@ -173,11 +170,12 @@ class Ledger:
         outcomes: list[Outcome] = []
         accepted: list[Block] = []
         seen: set[bytes] = set()
-        checked = [inspect(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
+        checked = [examine(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
         valid = {block.cid.raw: block for block, errors in checked if block and not errors}
         stored = {raw for raw, block in valid.items() if self.has(block.cid)}
         # each new operation's embedding is checked once; stored ones were checked when first accepted
-        inconsistent = self._inconsistent_embeddings([b for raw, b in valid.items() if raw not in stored])
+        new = [block for raw, block in valid.items() if raw not in stored]
+        inconsistent = check_embeddings(new, self.embedder, self.params)
         for block, errors in checked:
             if block is not None and block.cid.raw in inconsistent:
                 errors = [inconsistent[block.cid.raw]]
@@ -193,30 +191,6 @@ class Ledger:
             statuses = self._store_and_fold(accepted)
             outcomes = [_with_status(o, statuses) for o in outcomes]
         return outcomes
-
-    def _inconsistent_embeddings(self, blocks: list[Block]) -> dict[bytes, ValidationError]:
-        """Operations whose embedding is not the network model's embedding of their text (format seed 2).
-
-        A wrong embedding is an attack: it would push an experience into unrelated prompts. The
-        texts of a batch are embedded together, and the verdict is exact (integer arithmetic), so
-        every node reaches the same one.
-        """
-        carriers = [block for block in blocks if block.op.content is not None]
-        if not carriers:
-            return {}
-        directions = self.embedder.directions([block.op.content.text for block in carriers])  # type: ignore[union-attr]
-        epsilon = Fraction(self.params.embedding_epsilon)
-        found = {}
-        for block, direction in zip(carriers, directions, strict=True):
-            values = block.op.content.embedding.values  # type: ignore[union-attr]
-            if not within_distance(values, direction, epsilon):
-                distance = float(np.linalg.norm(unpack_float16(values) - unit(np.asarray(direction, dtype=np.float64))))
-                found[block.cid.raw] = ValidationError(
-                    "embedding.inconsistent",
-                    f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "
-                    f"the network allows {self.params.embedding_epsilon}",
-                )
-        return found
 
     def _store_and_fold(self, blocks: list[Block]) -> dict[bytes, str]:
         txn = self.store.transaction()

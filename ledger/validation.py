@@ -7,10 +7,13 @@ Redundancy is deliberately NOT checked here: it depends on local state (the merg
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from fractions import Fraction
 
 import numpy as np
 
 from ledger.cid import CID
+from ledger.embedder import Embedder, unit, unpack_float16, within_distance
 from ledger.errors import LedgerError
 from ledger.keys import SIGNATURE_LENGTH, IdentityError, public_key_from_did, verify_signature
 from ledger.ops import Block, Experience, Kind, Operation, decode_block
@@ -212,7 +215,7 @@ def check_operation(op: Operation, params: NetworkParams, signing_bytes: bytes |
     return errors
 
 
-def inspect(
+def examine(
     data: bytes, params: NetworkParams, expected_cid: CID | None = None
 ) -> tuple[Block | None, list[LedgerError]]:
     """Decode and check `data`, collecting every failure (for `expledger op inspect` and RPC error details)."""
@@ -237,8 +240,35 @@ def inspect(
 
 def validate(data: bytes, params: NetworkParams, expected_cid: CID | None = None) -> Block:
     """Decode and fully check one operation; raise the first failure (a LedgerError) or return the Block."""
-    block, errors = inspect(data, params, expected_cid)
+    block, errors = examine(data, params, expected_cid)
     if errors:
         raise errors[0]
     assert block is not None
     return block
+
+
+def check_embeddings(
+    blocks: Sequence[Block], embedder: Embedder, params: NetworkParams
+) -> dict[bytes, ValidationError]:
+    """Operations whose embedding is not the network model's embedding of their text (format seed 2), by CID.
+
+    A wrong embedding is an attack: it would push an experience into unrelated prompts. The
+    texts are embedded together, and the verdict is exact (integer arithmetic), so every node
+    reaches the same one.
+    """
+    carriers = [block for block in blocks if block.op.content is not None]
+    if not carriers:
+        return {}
+    directions = embedder.directions([block.op.content.text for block in carriers])  # type: ignore[union-attr]
+    epsilon = Fraction(params.embedding_epsilon)
+    found = {}
+    for block, direction in zip(carriers, directions, strict=True):
+        values = block.op.content.embedding.values  # type: ignore[union-attr]
+        if not within_distance(values, direction, epsilon):
+            distance = float(np.linalg.norm(unpack_float16(values) - unit(np.asarray(direction, dtype=np.float64))))
+            found[block.cid.raw] = ValidationError(
+                "embedding.inconsistent",
+                f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "
+                f"the network allows {params.embedding_epsilon}",
+            )
+    return found

@@ -17,7 +17,7 @@ from ledger.jsonview import experience_from_json, operation_json
 from ledger.keys import AuthorKey
 from ledger.ops import Kind, Operation, sign
 from ledger.params import NetworkParams
-from ledger.validation import inspect
+from ledger.validation import examine
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -101,7 +101,7 @@ def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
         **fields,
     )
     block = sign(op, key)
-    _, errors = inspect(block.data, params)
+    _, errors = examine(block.data, params)
     if errors:
         for error in errors:
             print(f"invalid: {error.code}: {error.message}", file=sys.stderr)
@@ -134,7 +134,7 @@ def _read_operation_bytes(source: str) -> bytes:
 def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
     data = _read_operation_bytes(args.source)
     expected = CID.parse(args.cid, field="--cid") if args.cid else None
-    block, errors = inspect(data, params, expected)
+    block, errors = examine(data, params, expected)
     report = {
         "cid": str(block.cid if block else CID.for_block(data)),
         "bytes": len(data),

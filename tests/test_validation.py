@@ -10,14 +10,14 @@ from ledger.cid import CID
 from ledger.embedder import pack_float16
 from ledger.ops import Embedding, Example, Kind
 from ledger.params import NetworkParams
-from ledger.validation import check_text, count_tokens, inspect, validate
+from ledger.validation import check_text, count_tokens, examine, validate
 from tests import factories as f
 
 PARAMS = f.PARAMS
 
 
 def codes(data: bytes, params: NetworkParams = PARAMS, expected_cid: CID | None = None) -> list[str]:
-    return [error.code for error in inspect(data, params, expected_cid)[1]]
+    return [error.code for error in examine(data, params, expected_cid)[1]]
 
 
 def text_codes(text: str, params: NetworkParams = PARAMS) -> list[str]:
