@@ -7,6 +7,7 @@ Redundancy is deliberately NOT checked here: it depends on local state (the merg
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -24,6 +25,19 @@ _DOMAIN_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 #: Unicode category Cc: C0 controls, DEL and C1 controls
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+# Characters are judged by the Unicode Character Database 3.2.0, frozen inside every Python
+# (`unicodedata.ucd_3_2_0`, the table of IDNA2003), never by the interpreter's own Unicode version:
+# a node on a newer Python must reach the same verdict (docs/PROTOCOL.md §6.2).
+_UCD = unicodedata.ucd_3_2_0
+#: unassigned, format (bidi overrides, zero-width), private use, surrogates, line/paragraph separators
+_REFUSED_CATEGORIES = frozenset({"Cn", "Cf", "Co", "Cs", "Zl", "Zp"})
+#: Default_Ignorable_Code_Point characters that UCD 3.2 files under a visible category (invisible when
+#: rendered: soft hyphen, combining grapheme joiner, fillers, variation selectors, ...)
+_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8]"
+)
 
 # Structure (format seed 1): "When [context], [action]" (also "For …, …", "If …, …"),
 # or "[precondition] implies [strategy]".
@@ -61,6 +75,8 @@ def check_text(text: str, params: NetworkParams, path: str = "content.text") -> 
         return [ValidationError("text.empty", f"{path}: is empty")]
     if _CONTROL.search(text):
         errors.append(ValidationError("text.control", f"{path}: holds control characters (newlines, tabs, …)"))
+    if not text.isascii():
+        errors.extend(_check_characters(text, path))
     length = text_length(text, params)
     if length > params.text_max:
         errors.append(
@@ -88,6 +104,24 @@ def check_text(text: str, params: NetworkParams, path: str = "content.text") -> 
                 ValidationError(code, f"{path}: holds {what} ({found.group()!r}); state the strategy, not the problem")
             )
     return errors
+
+
+def _check_characters(text: str, path: str) -> list[ValidationError]:
+    """Non-ASCII text must be visible and in one canonical form, so a copy cannot hide from the
+    near-duplicate rule or reorder what a reader sees (§6.2)."""
+    for position, char in enumerate(text):
+        category = _UCD.category(char)
+        if category in _REFUSED_CATEGORIES or (category == "Zs" and char != " ") or _IGNORABLE.match(char):
+            return [
+                ValidationError(
+                    "text.character",
+                    f"{path}: character {position} is U+{ord(char):04X} ({category}, invisible, unassigned or "
+                    "a non-ASCII space); only visible characters and the ASCII space are allowed",
+                )
+            ]
+    if _UCD.normalize("NFC", text) != text:
+        return [ValidationError("text.normalization", f"{path}: is not in Unicode normalization form NFC")]
+    return []
 
 
 def _check_experience(exp: Experience, params: NetworkParams) -> list[ValidationError]:

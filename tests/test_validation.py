@@ -61,11 +61,40 @@ def test_strategic_texts_pass_structure_and_generality(text):
         ("", "text.empty"),
         ("   ", "text.empty"),
         ("When a line breaks,\nkeep it on one line.", "text.control"),
+        # invisible and direction-changing characters (§6.2): a visually identical copy must not pass
+        ("When solving geo\u200bmetry problems, check the bounds.", "text.character"),
+        ("When solving geometry problems, \u202echeck the bounds.", "text.character"),
+        ("When solving \u2066geometry\u2069 problems, check the bounds.", "text.character"),
+        ("When solving geometry\u2060 problems, check the bounds.", "text.character"),
+        ("\ufeffWhen solving geometry problems, check the bounds.", "text.character"),
+        ("When solving geo\u00admetry problems, check the bounds.", "text.character"),
+        ("When solving geometry\u00a0problems, check the bounds.", "text.character"),
+        ("When solving geometry problems, check the bounds\ue000.", "text.character"),
+        ("When solving geometry problems, check the bounds \U0001f600.", "text.character"),
+        ("When a cafe\u0301 problem appears, check the bounds.", "text.normalization"),
         ("When " + "very " * 40 + "long, stop.", "text.length"),
     ],
 )
 def test_text_rules_reject_with_their_code(text, code):
     assert code in text_codes(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "When a café problem appears, check the bounds.",
+        "When solving 数学 problems, check the bounds.",
+        "When a Δ-method applies, check the variance.",
+    ],
+)
+def test_visible_text_in_normal_form_c_passes(text):
+    assert text_codes(text) == []
+
+
+def test_characters_are_judged_by_the_frozen_unicode_database():
+    # U+2066 became a format character in Unicode 6.3; under UCD 3.2 it is unassigned: refused either way,
+    # and the verdict does not depend on the Unicode version of the interpreter
+    assert text_codes("When a \u2066 isolate appears, check the bounds.") == ["text.character"]
 
 
 def test_a_long_run_of_spaces_is_judged_quickly():
