@@ -58,11 +58,17 @@ _RECENT_CHECK = 32
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """What happened to one submitted operation."""
+    """What happened to one submitted operation: what a caller (and an RPC client) is shown.
+
+    `status` is the fold's verdict for a stored operation — "applied", "absorbed" (a near-duplicate
+    add), "void" or "superseded" (with `code`), or "pending" (waiting for dependencies) — or
+    "duplicate" (already stored; nothing written) or "invalid" (rejected; `errors` say why).
+    """
 
     cid: CID | None
-    status: str  # "applied", "pending", "duplicate" or "invalid"
+    status: str
     errors: tuple[LedgerError, ...] = ()
+    code: str | None = None
 
 
 class Ledger:
@@ -188,11 +194,16 @@ class Ledger:
                 accepted.append(block)
                 outcomes.append(Outcome(block.cid, ""))
         if accepted:
-            statuses = self._store_and_fold(accepted)
-            outcomes = [_with_status(o, statuses) for o in outcomes]
+            self._store_and_fold(accepted)
+            outcomes = [self._verdict(o.cid) if not o.status and o.cid else o for o in outcomes]
         return outcomes
 
-    def _store_and_fold(self, blocks: list[Block]) -> dict[bytes, str]:
+    def _verdict(self, cid: CID) -> Outcome:
+        status = self.status(cid)
+        assert status is not None, "an operation just committed has a status"
+        return Outcome(cid, status["outcome"], code=status.get("code"))
+
+    def _store_and_fold(self, blocks: list[Block]) -> None:
         txn = self.store.transaction()
         root = StateRoot(self._state_root.to_bytes())
         try:
@@ -231,8 +242,6 @@ class Ledger:
         self.library.touched.clear()
         if len(self._index_pending) > _INDEX_BACKLOG:
             self._catch_up_index()
-        done = set(applied)
-        return {block.cid.raw: "applied" if block.cid.raw in done else "pending" for block in blocks}
 
     def _applied(self, view: Store | Transaction, cid: bytes) -> bool:
         return view.get(OPMETA + cid) is not None and view.get(PENDING + cid) is None
@@ -455,9 +464,3 @@ def _check_network(store: Store, params: NetworkParams) -> None:
 
 def _split(raw: bytes) -> list[bytes]:
     return [raw[i : i + CID_LENGTH] for i in range(0, len(raw), CID_LENGTH)]
-
-
-def _with_status(outcome: Outcome, statuses: dict[bytes, str]) -> Outcome:
-    if outcome.status or outcome.cid is None:
-        return outcome
-    return Outcome(outcome.cid, statuses[outcome.cid.raw])

@@ -165,6 +165,35 @@ def test_an_operation_whose_clock_does_not_exceed_a_parent_is_void(ledger):
     assert ledger.experience(add.cid)["up"] == 0
 
 
+def test_the_outcome_of_ingest_is_the_folds_verdict(ledger):
+    """What a caller is told equals what status() says: void, absorbed and superseded are not 'applied'."""
+    add = f.signed(f.operation(Kind.ADD, clock=1, content=f.content()))
+    same_clock_vote = op(Kind.VOTE, key=2, clock=1, target=add.cid, vote=1)  # `op new` once built these
+    copy = op(Kind.ADD, key=3, clock=1, content=f.content())
+    delete = op(Kind.DELETE, key=2, clock=2, parents=[add.cid], target=add.cid, reason="proven incorrect")
+    outcomes = ledger.ingest([add.data, same_clock_vote.data, copy.data, delete.data])
+    assert [(o.status, o.code) for o in outcomes] == [
+        ("applied", None),
+        ("void", "clock.target"),
+        ("absorbed", None),
+        ("applied", None),
+    ]
+    late_modify = op(Kind.MODIFY, key=3, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    assert (ledger.submit(late_modify.data).status, ledger.submit(late_modify.data).status) == ("void", "duplicate")
+    assert ledger.status(late_modify.cid)["code"] == "superseded.deleted"
+    for outcome in outcomes:
+        assert ledger.status(outcome.cid)["outcome"] == outcome.status
+
+
+def test_an_outcome_says_superseded_when_a_later_modify_already_replaced_it(ledger):
+    add = f.add()
+    first = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    second = op(Kind.MODIFY, key=3, clock=3, parents=[first.cid], target=add.cid, content=f.content(TEXT_C))
+    ledger.ingest([add.data, second.data])
+    outcome = ledger.submit(first.data)  # arrives last, but `second` saw it
+    assert (outcome.status, outcome.code) == ("superseded", "superseded.modified")
+
+
 def test_targets_must_be_experiences(ledger):
     add = f.add()
     vote = op(Kind.VOTE, key=2, clock=2, parents=[add.cid], target=add.cid, vote=1)
