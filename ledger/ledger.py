@@ -41,6 +41,7 @@ from ledger.store import (
     StoreError,
     Transaction,
     u64,
+    write_file_atomically,
 )
 from ledger.validation import check_embeddings, examine
 
@@ -48,6 +49,9 @@ log = logging.getLogger(__name__)
 
 DB_DIR = "ledger.db"
 NODE_KEY = "node.key"
+#: the newest signed tree head, kept outside the database as its high-water mark: a database that
+#: holds less than this (a lost write-ahead log, an older copy) is refused instead of served
+HEAD_FILE = "tree-head.cbor"
 _STATE_ROOT = META + b"state_root"
 _GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 _NETWORK = META + b"network"  # the network parameters the directory was created with
@@ -86,6 +90,7 @@ class Ledger:
         self.library = Library(store, params)
         self._state_root = StateRoot(store.get(_STATE_ROOT))
         self._check_recent(_RECENT_CHECK)
+        self._check_high_water_mark()
         self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
         self._index_pending: set[bytes] = set()  # experiences changed since the index last caught up
         why = self._index.load(self.generation)
@@ -149,6 +154,47 @@ class Ledger:
         if self.merkle.leaf_hash(position) != self.merkle.hash_buff(cid.raw):
             raise StoreError("store.corrupt", f"log entry {position} ({cid}): its Merkle leaf is damaged")
 
+    def _check_high_water_mark(self) -> None:
+        """Refuse a database that holds less than, or other than, the log this node last signed.
+
+        LevelDB cannot tell that it lost its write-ahead log or was swapped for an older copy: it
+        opens what is left. The node would then sign a head inconsistent with one it published.
+        """
+        path = self.data_dir / HEAD_FILE
+        recover = (
+            "restore the whole data directory from a backup, or move it away and start a new node that "
+            "syncs from its peers"
+        )
+        try:
+            mark = TreeHead.from_bytes(path.read_bytes())
+        except FileNotFoundError:
+            if self.log_size:  # written by a version that kept no mark: start keeping one
+                self._record_high_water_mark()
+            return
+        except OSError as exc:
+            raise StoreError("store.head", f"{path}: cannot read the last signed tree head ({exc.strerror})") from None
+        except LedgerError as exc:
+            raise StoreError("store.head", f"{path}: the last signed tree head is damaged ({exc.message})") from None
+        if mark.node != self.node_key.did or not mark.verify():
+            raise StoreError("store.head", f"{path}: the last signed tree head was not signed by this node's key")
+        db = self.data_dir / DB_DIR
+        if self.log_size < mark.size:
+            raise StoreError(
+                "store.rollback",
+                f"{db}: holds {self.log_size} log entries, but this node signed a tree head of size {mark.size}: "
+                "the database lost data (a deleted write-ahead log such as 000003.log, or an older copy); "
+                f"{recover}",
+            )
+        if self.merkle.root(mark.size) != mark.root:
+            raise StoreError(
+                "store.diverged",
+                f"{db}: its first {mark.size} log entries differ from those this node signed (another node's "
+                f"database, or a damaged one); {recover}",
+            )
+
+    def _record_high_water_mark(self) -> None:
+        write_file_atomically(self.data_dir / HEAD_FILE, self.tree_head().to_bytes())
+
     def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Check everything: every table's checksums, every logged block against its CID, the Merkle root.
 
@@ -165,6 +211,7 @@ class Ledger:
                 progress(position + 1, self.log_size)
         if self.merkle.root() != self.merkle._get_root_naive(0, self.log_size):
             raise StoreError("store.corrupt", "the stored Merkle subtree hashes disagree with the leaves")
+        self._check_high_water_mark()
 
     # --- ingest ------------------------------------------------------------------------------
 
@@ -237,6 +284,7 @@ class Ledger:
             self.merkle.reload()
             self.library.reset()
             raise
+        self._record_high_water_mark()  # after the commit: the mark never runs ahead of the database
         self._state_root = root
         self._index_pending |= self.library.touched
         self.library.touched.clear()

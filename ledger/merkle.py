@@ -177,6 +177,24 @@ class TreeHead:
         except IdentityError:
             return False
 
+    def to_bytes(self) -> bytes:
+        return codec.encode(self.record())
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> TreeHead:
+        """A signed tree head from its DAG-CBOR form; raises LedgerError('head.format') for anything else."""
+        try:
+            rec = codec.decode(data)
+        except LedgerError as exc:
+            raise LedgerError("head.format", f"not a signed tree head ({exc.message})") from None
+        fields = {"size": int, "root": bytes, "timestamp": int, "node": str, "signature": bytes}
+        if type(rec) is not dict or rec.keys() != fields.keys():
+            raise LedgerError("head.format", f"a signed tree head has exactly the fields {', '.join(fields)}")
+        for name, kind in fields.items():
+            if type(rec[name]) is not kind:
+                raise LedgerError("head.format", f"{name}: expected {kind.__name__}, got {type(rec[name]).__name__}")
+        return cls(rec["size"], rec["root"], rec["timestamp"], rec["node"], rec["signature"])
+
     def to_json(self) -> dict[str, Any]:
         return {
             "size": self.size,

@@ -8,6 +8,7 @@ everything in one `WriteBatch(sync=True)`, so an acknowledged operation survives
 from __future__ import annotations
 
 import bisect
+import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,6 +56,21 @@ def prefix_end(prefix: bytes) -> bytes:
     return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
 
 
+def write_file_atomically(path: Path, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new content, never a mix.
+
+    The data is synced before the rename, so after a power loss the file is never empty.
+    """
+    temporary = path.with_name(path.name + ".tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(temporary, path)
+
+
 class Store:
     """A LevelDB database opened with paranoid checks; errors surface as StoreError."""
 
@@ -63,7 +79,8 @@ class Store:
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
                 "store.missing",
-                f"{path}: the ledger database is missing (no CURRENT file); refusing to start with an empty ledger",
+                f"{path}: the ledger database is missing (no CURRENT file); refusing to start with an empty "
+                "ledger; restore the data directory from a backup, or move it away to start a new node",
             )
         try:
             self._db = plyvel.DB(

@@ -97,6 +97,67 @@ def test_damaged_write_ahead_log(node):
     _open_fails(node, "store.corrupt")
 
 
+def test_a_deleted_write_ahead_log_is_refused_not_served_empty(node):
+    """The node signed a head of size 120; a database that lost its newest entries must not open."""
+    for log in _files(node, ".log"):
+        os.remove(log)
+    error = _open_fails(node, "store.rollback")
+    assert "size 120" in error.message and "backup" in error.message
+
+
+def test_a_deleted_database_is_refused(node):
+    shutil.rmtree(node / "ledger.db")
+    assert "backup" in _open_fails(node, "store.missing").message
+
+
+def test_an_older_copy_of_the_database_is_refused(tmp_path):
+    path = tmp_path / "node"
+    ledger = open_ledger(path)
+    ledger.ingest([b.data for b in BLOCKS[:60]])
+    ledger.close()
+    shutil.copytree(path / "ledger.db", tmp_path / "older")
+    ledger = open_ledger(path)
+    ledger.ingest([b.data for b in BLOCKS[60:]])
+    ledger.close()
+    shutil.rmtree(path / "ledger.db")
+    shutil.copytree(tmp_path / "older", path / "ledger.db")
+    assert "holds 60 log entries" in _open_fails(path, "store.rollback").message
+
+
+def test_another_nodes_database_of_the_same_size_is_refused(tmp_path):
+    ours, theirs = open_ledger(tmp_path / "ours"), open_ledger(tmp_path / "theirs")
+    ours.ingest([b.data for b in BLOCKS[:40]])
+    theirs.ingest([b.data for b in reversed(BLOCKS[:40])])
+    assert ours.log_size == theirs.log_size and ours.merkle.root() != theirs.merkle.root()
+    ours.close()
+    theirs.close()
+    shutil.rmtree(tmp_path / "ours" / "ledger.db")
+    shutil.copytree(tmp_path / "theirs" / "ledger.db", tmp_path / "ours" / "ledger.db")
+    _open_fails(tmp_path / "ours", "store.diverged")
+
+
+def test_a_damaged_or_foreign_high_water_mark_is_refused(node, tmp_path):
+    mark = (node / "tree-head.cbor").read_bytes()
+    (node / "tree-head.cbor").write_bytes(mark[:-1])
+    _open_fails(node, "store.head")
+    other = open_ledger(tmp_path / "other")
+    other.ingest([BLOCKS[0].data])
+    other.close()
+    shutil.copy(tmp_path / "other" / "tree-head.cbor", node / "tree-head.cbor")
+    assert "not signed by this node" in _open_fails(node, "store.head").message
+
+
+def test_the_high_water_mark_follows_every_commit(tmp_path):
+    from ledger.merkle import TreeHead
+
+    ledger = open_ledger(tmp_path / "node")
+    for count, block in enumerate(BLOCKS[:5], 1):
+        ledger.submit(block.data)
+        mark = TreeHead.from_bytes((tmp_path / "node" / "tree-head.cbor").read_bytes())
+        assert (mark.size, mark.root) == (count, ledger.merkle.root()) and mark.verify()
+    ledger.close()
+
+
 def test_a_foreign_leveldb_is_refused(tmp_path):
     (tmp_path / "node").mkdir()
     db = plyvel.DB(str(tmp_path / "node" / "ledger.db"), create_if_missing=True)
