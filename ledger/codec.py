@@ -55,6 +55,12 @@ def _canonical(value: Any, depth: int = 0) -> Any:
     if depth > _MAX_DEPTH:
         raise EncodeError("codec.depth", f"nesting deeper than {_MAX_DEPTH}")
     kind = type(value)
+    if kind is str and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise EncodeError("codec.utf8", f"a string holds {exc.reason} at character {exc.start}") from None
+        return value
     if kind in _SCALARS:
         return value
     if kind is int:
@@ -69,6 +75,8 @@ def _canonical(value: Any, depth: int = 0) -> Any:
         for key in value:
             if type(key) is not str:
                 raise EncodeError("codec.key_type", f"map key {key!r} is not a string")
+            if not key.isascii():
+                _canonical(key, depth + 1)  # refuses a key that is not UTF-8
         return {key: _canonical(value[key], depth + 1) for key in _sorted_keys(value)}
     if kind is list or kind is tuple:
         return [_canonical(item, depth + 1) for item in value]

@@ -219,11 +219,16 @@ class Ledger:
         return self.ingest([data], [expected_cid])[0]
 
     def ingest(self, items: Sequence[bytes], expected: Sequence[CID | None] | None = None) -> list[Outcome]:
-        """Validate, store, log and fold a batch in one durable write; returns after the data is synced."""
+        """Validate, store, log and fold a batch in one durable write; returns after the data is synced.
+
+        An item that is not bytes gets an "invalid" outcome (`ingest.type`) like any other bad
+        operation; arguments that are not sequences of the right length raise IngestError.
+        """
+        claims = _check_arguments(items, expected)
         outcomes: list[Outcome] = []
         accepted: list[Block] = []
         seen: set[bytes] = set()
-        checked = [examine(data, self.params, expected[i] if expected else None) for i, data in enumerate(items)]
+        checked = [_examine_item(data, index, self.params, claims[index]) for index, data in enumerate(items)]
         valid = {block.cid.raw: block for block, errors in checked if block and not errors}
         stored = {raw for raw, block in valid.items() if self.has(block.cid)}
         # each new operation's embedding is checked once; stored ones were checked when first accepted
@@ -491,6 +496,36 @@ class Ledger:
             self.library.reset()
             raise
         self.rebuild_index("the library was rebuilt")
+
+
+class IngestError(LedgerError):
+    """Arguments to `Ledger.ingest` that are not a batch of operations (a programming error of the caller)."""
+
+
+def _check_arguments(items: object, expected: object) -> Sequence[CID | None]:
+    """The claimed CID for each item (None where there is no claim), after checking both arguments' shapes."""
+    if isinstance(items, (bytes, bytearray, memoryview, str)) or not isinstance(items, Sequence):
+        raise IngestError("ingest.argument", f"items: expected a sequence of operations, got {type(items).__name__}")
+    if expected is None:
+        return [None] * len(items)
+    if not isinstance(expected, Sequence) or isinstance(expected, (bytes, str)) or len(expected) != len(items):
+        raise IngestError("ingest.argument", f"expected: must be None or one CID (or None) per item ({len(items)})")
+    for index, claim in enumerate(expected):
+        if claim is not None and not isinstance(claim, CID):
+            raise IngestError(
+                "ingest.argument", f"expected[{index}]: expected a CID or None, got {type(claim).__name__}"
+            )
+    return expected
+
+
+def _examine_item(
+    data: object, index: int, params: NetworkParams, claim: CID | None
+) -> tuple[Block | None, list[LedgerError]]:
+    if isinstance(data, (bytearray, memoryview)):
+        data = bytes(data)
+    if type(data) is not bytes:
+        return None, [IngestError("ingest.type", f"items[{index}]: expected bytes, got {type(data).__name__}")]
+    return examine(data, params, claim)
 
 
 def _check_network(store: Store, params: NetworkParams) -> None:
