@@ -38,7 +38,7 @@ def _late_add(ledger: Ledger, params: NetworkParams, behind: int, serial: int) -
     """Submit an add whose clock puts it `behind` operations before the newest; return seconds taken."""
     applied = ledger.applied_in_order()
     anchor = applied[-behind - 1] if behind < len(applied) else applied[0]
-    clock = ledger.library.meta(ledger.store, anchor.raw).clock
+    clock = ledger.view().clock(anchor)
     embedder = embedder_for(params)
     text = f"When a late insight arrives, fold it in order and check it against case number {'x' * serial}."
     content = Experience(
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  ingested {done:,}/{len(datas):,} ({rate:,.0f} ops/s)", file=sys.stderr, flush=True)
         ingest_seconds = time.perf_counter() - start
         start = time.perf_counter()
-        indexed = len(ledger.index)  # the index catches up with everything ingested
+        indexed = len(ledger.indexed())
         catch_up_seconds = time.perf_counter() - start
         ingest_rate = len(datas) / ingest_seconds
         with_index_rate = len(datas) / (ingest_seconds + catch_up_seconds)

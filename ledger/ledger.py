@@ -1,49 +1,46 @@
-"""A node's ledger: validate, store, log, wait for dependencies, fold — one atomic batch at a time."""
+"""A node's ledger: its data directory, the single writer that ingests, and views of committed state.
+
+Threads: one writer at a time runs `ingest` (a lock enforces it); any thread may call `view()` and
+read from it while the writer works, and `nearest` to search the vector index. The writer builds
+each batch on the state it last committed, writes it in one synced LevelDB write, and only then
+publishes it: the library's live vectors, the vector index, a new snapshot for views, and the
+high-water mark. See docs/ARCHITECTURE.md.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+import numpy as np
 
 from ledger import codec
-from ledger.cid import CID, CID_LENGTH
+from ledger.cid import CID
 from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex
+from ledger.ingest import Batch, Receipt, Submission, Verdict, WriterState, as_submissions, triage
 from ledger.keys import AuthorKey
-from ledger.library import Library, OpMeta
-from ledger.merkle import MerkleLog, ProofError, TreeHead
-from ledger.ops import Block, Kind, load_stored
+from ledger.library import Fold, Library
+from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
+from ledger.ops import load_stored
 from ledger.params import NetworkParams
-from ledger.stateroot import StateRoot
 from ledger.store import (
-    BLOCK,
-    BY_AUTHOR,
-    BY_DOMAIN,
-    BY_TARGET,
-    EXPERIENCE,
-    LOG,
-    META,
-    OPMETA,
-    ORDER,
-    PENDING,
-    SEQ,
-    STATUS,
-    UNDO,
-    VOTES,
-    WAITER,
+    NETWORK,
     Store,
     StoreError,
-    Transaction,
-    u64,
+    block_key,
+    log_key,
+    merkle_node_key,
+    opmeta_key,
     write_file_atomically,
 )
-from ledger.validation import check_embeddings, examine
+from ledger.validation import check_embeddings
+from ledger.view import LedgerView
 
 log = logging.getLogger(__name__)
 
@@ -52,31 +49,12 @@ NODE_KEY = "node.key"
 #: the newest signed tree head, kept outside the database as its high-water mark: a database that
 #: holds less than this (a lost write-ahead log, an older copy) is refused instead of served
 HEAD_FILE = "tree-head.cbor"
-_STATE_ROOT = META + b"state_root"
-_GENERATION = META + b"library_generation"  # bumped by every committed change to the library
-_NETWORK = META + b"network"  # the network parameters the directory was created with
-_INDEX_BACKLOG = 50_000  # changed experiences the index may lag behind before ingest catches it up
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What happened to one submitted operation: what a caller (and an RPC client) is shown.
-
-    `status` is the fold's verdict for a stored operation — "applied", "absorbed" (a near-duplicate
-    add), "void" or "superseded" (with `code`), or "pending" (waiting for dependencies) — or
-    "duplicate" (already stored; nothing written) or "invalid" (rejected; `errors` say why).
-    """
-
-    cid: CID | None
-    status: str
-    errors: tuple[LedgerError, ...] = ()
-    code: str | None = None
-
-
 class Ledger:
-    """The storage side of a node. Synchronous: the daemon runs it off the event loop."""
+    """The storage side of a node. Synchronous: the daemon runs `ingest` off its event loop."""
 
     def __init__(
         self, data_dir: Path, params: NetworkParams, store: Store, node_key: AuthorKey, embedder: Embedder
@@ -86,14 +64,19 @@ class Ledger:
         self.store = store
         self.node_key = node_key
         self.embedder = embedder
-        self.merkle = MerkleLog(store)
-        self.library = Library(store, params)
-        self._state_root = StateRoot(store.get(_STATE_ROOT))
+        self.library = Library(params)
+        self._write_lock = threading.Lock()
+        #: operations folded again because a late one sorted before them, since start-up
+        self.refolded = 0
+        # Invariant: _state and _snapshot describe the last committed batch; both are replaced, never
+        # changed, and only by the writer after a commit (views read _snapshot from any thread).
+        self._state = WriterState.read(store, stored_size(store))
+        self._snapshot = store.snapshot()
         self._check_recent(_RECENT_CHECK)
         self._check_high_water_mark()
+        self._index_lock = threading.Lock()
         self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
-        self._index_pending: set[bytes] = set()  # experiences changed since the index last caught up
-        why = self._index.load(self.generation)
+        why = self._index.load(self._state.generation)
         #: "loaded", or why the saved index could not be used and was rebuilt
         self.index_status = why or "loaded"
         if why is not None:
@@ -132,26 +115,33 @@ class Ledger:
             raise
 
     def close(self) -> None:
-        try:
-            self.index.save()  # if this fails the next start rebuilds the index; the ledger itself is safe
-        finally:
-            self.store.close()
+        with self._write_lock:
+            try:
+                with self._index_lock:
+                    self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
+            finally:
+                self.store.close()
 
-    @property
-    def generation(self) -> int:
-        raw = self.store.get(_GENERATION)
-        return int.from_bytes(raw, "big") if raw else 0
+    def view(self) -> LedgerView:
+        """Reads of the latest committed state; the view stays consistent however long it is used."""
+        return LedgerView(self._snapshot, self.library, self.node_key, self.params.max_parents)
+
+    # --- start-up checks and verification ------------------------------------------------------
 
     def _check_recent(self, count: int) -> None:
-        for position in range(max(0, self.log_size - count), self.log_size):
+        size = self._state.log_size
+        for position in range(max(0, size - count), size):
             self._check_entry(position)
 
     def _check_entry(self, position: int) -> None:
-        cid = self.logged(position)
-        data = self.store.get(BLOCK + cid.raw)
-        if data is None or CID.for_block(data) != cid or self.store.get(OPMETA + cid.raw) is None:
+        raw = self.store.get(log_key(position))
+        if raw is None:
+            raise StoreError("store.corrupt", f"log entry {position} is missing")
+        cid = CID(raw)
+        data = self.store.get(block_key(cid.raw))
+        if data is None or CID.for_block(data) != cid or self.store.get(opmeta_key(cid.raw)) is None:
             raise StoreError("store.corrupt", f"log entry {position} ({cid}): its block is missing or damaged")
-        if self.merkle.leaf_hash(position) != self.merkle.hash_buff(cid.raw):
+        if self.store.get(merkle_node_key(0, position)) != leaf_hash(cid.raw):
             raise StoreError("store.corrupt", f"log entry {position} ({cid}): its Merkle leaf is damaged")
 
     def _check_high_water_mark(self) -> None:
@@ -168,7 +158,7 @@ class Ledger:
         try:
             mark = TreeHead.from_bytes(path.read_bytes())
         except FileNotFoundError:
-            if self.log_size:  # written by a version that kept no mark: start keeping one
+            if self._state.log_size:  # written by a version that kept no mark: start keeping one
                 self._record_high_water_mark()
             return
         except OSError as exc:
@@ -177,15 +167,15 @@ class Ledger:
             raise StoreError("store.head", f"{path}: the last signed tree head is damaged ({exc.message})") from None
         if mark.node != self.node_key.did or not mark.verify():
             raise StoreError("store.head", f"{path}: the last signed tree head was not signed by this node's key")
-        db = self.data_dir / DB_DIR
-        if self.log_size < mark.size:
+        db, size = self.data_dir / DB_DIR, self._state.log_size
+        if size < mark.size:
             raise StoreError(
                 "store.rollback",
-                f"{db}: holds {self.log_size} log entries, but this node signed a tree head of size {mark.size}: "
+                f"{db}: holds {size} log entries, but this node signed a tree head of size {mark.size}: "
                 "the database lost data (a deleted write-ahead log such as 000003.log, or an older copy); "
                 f"{recover}",
             )
-        if self.merkle.root(mark.size) != mark.root:
+        if self.view().merkle.root(mark.size) != mark.root:
             raise StoreError(
                 "store.diverged",
                 f"{db}: its first {mark.size} log entries differ from those this node signed (another node's "
@@ -193,339 +183,157 @@ class Ledger:
             )
 
     def _record_high_water_mark(self) -> None:
-        write_file_atomically(self.data_dir / HEAD_FILE, self.tree_head().to_bytes())
+        write_file_atomically(self.data_dir / HEAD_FILE, self.view().tree_head().to_bytes())
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Check everything: every table's checksums, every logged block against its CID, the Merkle root.
 
         Reads every key (so LevelDB verifies every block's checksum), re-hashes every logged block
-        and leaf, and recomputes the root from the leaves.
+        and leaf, and recomputes the root from the leaves alone.
 
         Takes time linear in the log (like `ipfs repo verify`); raises StoreError at the first damage.
         """
         for _ in self.store.scan(b""):  # every table
             pass
-        for position in range(self.log_size):
+        size = self._state.log_size
+        for position in range(size):
             self._check_entry(position)
             if progress and (position + 1) % 10_000 == 0:
-                progress(position + 1, self.log_size)
-        if self.merkle.root() != self.merkle._get_root_naive(0, self.log_size):
+                progress(position + 1, size)
+        leaves = (self.store.get(merkle_node_key(0, position)) or b"" for position in range(size))
+        if self.view().merkle.root() != root_of_leaf_hashes(leaves):
             raise StoreError("store.corrupt", "the stored Merkle subtree hashes disagree with the leaves")
         self._check_high_water_mark()
 
-    # --- ingest ------------------------------------------------------------------------------
+    # --- ingest (the writer) ---------------------------------------------------------------------
 
-    def submit(self, data: bytes, expected_cid: CID | None = None) -> Outcome:
+    def submit(self, data: bytes, expected_cid: CID | None = None) -> Receipt:
         return self.ingest([data], [expected_cid])[0]
 
-    def ingest(self, items: Sequence[bytes], expected: Sequence[CID | None] | None = None) -> list[Outcome]:
-        """Validate, store, log and fold a batch in one durable write; returns after the data is synced.
+    def ingest(
+        self, items: Sequence[bytes | Submission], expected: Sequence[CID | None] | None = None
+    ) -> list[Receipt]:
+        """Check, store, log and fold a batch in one durable write; returns after the data is synced.
 
-        An item that is not bytes gets an "invalid" outcome (`ingest.type`) like any other bad
-        operation; arguments that are not sequences of the right length raise IngestError.
+        Items are operation bytes (from this process) or Submissions (with their source). An item
+        that is not bytes is rejected (`ingest.type`) like any other bad operation; arguments that
+        are not sequences of the right length raise IngestError.
         """
-        claims = _check_arguments(items, expected)
-        outcomes: list[Outcome] = []
-        accepted: list[Block] = []
-        seen: set[bytes] = set()
-        checked = [_examine_item(data, index, self.params, claims[index]) for index, data in enumerate(items)]
-        valid = {block.cid.raw: block for block, errors in checked if block and not errors}
-        stored = {raw for raw, block in valid.items() if self.has(block.cid)}
-        # each new operation's embedding is checked once; stored ones were checked when first accepted
-        new = [block for raw, block in valid.items() if raw not in stored]
-        inconsistent = check_embeddings(new, self.embedder, self.params)
-        for block, errors in checked:
-            if block is not None and block.cid.raw in inconsistent:
-                errors = [inconsistent[block.cid.raw]]
-            if errors or block is None:
-                outcomes.append(Outcome(block.cid if block else None, "invalid", tuple(errors)))
-            elif block.cid.raw in seen or block.cid.raw in stored:
-                outcomes.append(Outcome(block.cid, "duplicate"))
-            else:
-                seen.add(block.cid.raw)
-                accepted.append(block)
-                outcomes.append(Outcome(block.cid, ""))
-        if accepted:
-            self._store_and_fold(accepted)
-            outcomes = [self._verdict(o.cid) if not o.status and o.cid else o for o in outcomes]
-        return outcomes
-
-    def _verdict(self, cid: CID) -> Outcome:
-        status = self.status(cid)
-        assert status is not None, "an operation just committed has a status"
-        return Outcome(cid, status["outcome"], code=status.get("code"))
-
-    def _store_and_fold(self, blocks: list[Block]) -> None:
-        txn = self.store.transaction()
-        root = StateRoot(self._state_root.to_bytes())
-        try:
-            ready = []
-            for block in blocks:
-                cid = block.cid.raw
-                meta = OpMeta.of(block.op)
-                txn.put(BLOCK + cid, block.data)
-                txn.put(OPMETA + cid, meta.encode())
-                position = self.merkle.append(txn, cid)
-                txn.put(BY_AUTHOR + block.op.author.encode() + b"\x00" + u64(position), cid)
-                root.add(cid)
-                waiting = [dep for dep in dict.fromkeys(meta.parents + meta.targets) if not self._applied(txn, dep)]
-                if waiting:
-                    txn.put(PENDING + cid, b"".join(waiting))
-                    for dep in waiting:
-                        txn.put(WAITER + dep + cid, b"")
+        submissions = as_submissions(items, expected)
+        with self._write_lock:
+            checked = triage(submissions, self.params, self.store)
+            new = [item.block for item in checked if item.block is not None]
+            inconsistent = check_embeddings(new, self.embedder, self.params)
+            for item in checked:
+                if item.block is not None and item.block.cid.raw in inconsistent:
+                    item.block, item.errors = None, (inconsistent[item.block.cid.raw],)
+            accepted = [item.block for item in checked if item.block is not None]
+            if accepted:
+                batch = Batch(self.store, self.library, self._state)
+                batch.store(accepted)
+                self._publish(batch, batch.commit())
+            view = self.view()
+            receipts: list[Receipt] = []
+            for item in checked:
+                source = item.submission.source
+                if item.first is not None:  # the same bytes came earlier in this batch: the same answer
+                    first = receipts[item.first]
+                    if first.verdict is not Verdict.REJECTED:
+                        first = dataclasses.replace(first, verdict=Verdict.IGNORED, repeated=True)
+                    receipts.append(dataclasses.replace(first, source=source))
+                elif item.errors:
+                    receipts.append(Receipt(item.cid, Verdict.REJECTED, errors=item.errors, source=source))
                 else:
-                    ready.append(cid)
-            applied = self._release(txn, ready)
-            txn.put(_STATE_ROOT, root.to_bytes())
-            if applied:
-                txn.put(_GENERATION, u64(self.generation + 1))
-            new_ops = {block.cid.raw: block.op for block in blocks}
-            self.library.apply(
-                txn,
-                [(cid, new_ops[cid] if cid in new_ops else load_stored(txn.get(BLOCK + cid))) for cid in applied],
-            )
-            txn.commit()
-        except BaseException:
-            self.merkle.reload()
-            self.library.reset()
-            raise
+                    assert item.cid is not None
+                    verdict = Verdict.IGNORED if item.ignored else Verdict.ACCEPTED
+                    receipts.append(Receipt(item.cid, verdict, view.status(item.cid), source=source))
+            return receipts
+
+    def _publish(self, batch: Batch, state: WriterState) -> None:
+        """After the commit: the library's vectors, the index (never behind a view), views; the mark last."""
+        assert batch.fold is not None
+        self.library.publish(batch.fold)
+        self.refolded += batch.fold.refolded
+        self._state = state
+        self._update_index(batch.fold)
+        self._snapshot = self.store.snapshot()
         self._record_high_water_mark()  # after the commit: the mark never runs ahead of the database
-        self._state_root = root
-        self._index_pending |= self.library.touched
-        self.library.touched.clear()
-        if len(self._index_pending) > _INDEX_BACKLOG:
-            self._catch_up_index()
 
-    def _applied(self, view: Store | Transaction, cid: bytes) -> bool:
-        return view.get(OPMETA + cid) is not None and view.get(PENDING + cid) is None
+    def _latest(self) -> LedgerView:
+        """The writer's view: what it last committed, which views may not show yet."""
+        return LedgerView(self.store, self.library, self.node_key, self.params.max_parents)
 
-    def _release(self, txn: Transaction, ready: list[bytes]) -> list[bytes]:
-        """Mark `ready` applied and wake, transitively, every pending operation that waited only on them."""
-        applied, queue = [], list(ready)
-        while queue:
-            cid = queue.pop()
-            applied.append(cid)
-            for key, _ in list(txn.scan(WAITER + cid)):
-                waiter = key[1 + CID_LENGTH :]
-                txn.delete(key)
-                still = [d for d in _split(txn.get(PENDING + waiter) or b"") if d != cid]
-                if still:
-                    txn.put(PENDING + waiter, b"".join(still))
-                else:
-                    txn.delete(PENDING + waiter)
-                    queue.append(waiter)
-        return applied
+    # --- the vector index ------------------------------------------------------------------------
 
-    # --- the vector index ---------------------------------------------------------------------
-
-    def _live_embeddings(self) -> Iterator[tuple[bytes, bytes, bytes]]:
-        for record in self.library.experiences():
-            if record["status"] == "live":
-                version = record["version"].raw
-                yield record["id"].raw, version, self.library.content(self.store, version).embedding.values
-
-    @property
-    def index(self) -> ExperienceIndex:
-        """The vector index, first brought in line with every library change committed so far.
-
-        Ingest only notes which experiences changed; the index catches up when it is next read
-        (or when the backlog grows large), so many commits share one batched usearch insert.
-        """
-        if self._index_pending:
-            self._catch_up_index()
-        return self._index
-
-    def _catch_up_index(self) -> None:
+    def _update_index(self, fold: Fold) -> None:
+        """Bring the index in line with the experiences a committed batch touched (one batched insert)."""
         live, removals = {}, []
-        try:
-            for exp_id in self._index_pending:
-                record = self.library.record(self.store, exp_id)
-                if record is None or record["status"] != "live":
-                    removals.append(exp_id)
-                elif not self._index.holds(exp_id, version := record["version"].raw):
-                    live[exp_id] = (version, self.library.content(self.store, version).embedding.values)
-            self._index.update(live, removals)
-        except Exception:  # the library is durable already; an index that fell out of step is rebuilt
-            log.exception("updating the vector index failed; rebuilding it")
-            self.rebuild_index("an update failed")
-        finally:
-            self._index_pending.clear()
-        self._index.generation = self.generation
+        latest = self._latest()
+        for exp_id in fold.touched:
+            record = latest.experience(CID(exp_id))
+            if record is None or not record.live:
+                removals.append(exp_id)
+            else:
+                live[exp_id] = (record.version.raw, latest.content(record.version).embedding.values)
+        with self._index_lock:
+            try:
+                self._index.update(live, removals)
+                self._index.generation = self._state.generation
+            except Exception:  # the library is durable already; an index that fell out of step is rebuilt
+                log.exception("updating the vector index failed; rebuilding it")
+                self._rebuild_index_locked("an update failed")
+
+    def nearest(self, vector: np.ndarray, count: int) -> list[tuple[CID, float]]:
+        """Up to `count` experiences whose indexed vectors are nearest `vector`, with cosine similarity.
+
+        The index may already reflect a batch newer than a reader's view: callers check each
+        candidate against their view.
+        """
+        with self._index_lock:
+            found = self._index.search(vector, count)
+        return [(CID(exp_id), score) for exp_id, score in found]
+
+    def indexed(self) -> set[bytes]:
+        """The experience ids the vector index holds (for checks and tests)."""
+        with self._index_lock:
+            return self._index.ids()
+
+    def _live_embeddings(self, view: LedgerView) -> Iterator[tuple[bytes, bytes, bytes]]:
+        for record in view.experiences():
+            if record.live:
+                yield record.id.raw, record.version.raw, view.content(record.version).embedding.values
 
     def rebuild_index(self, why: str = "requested") -> None:
         """Index every live experience from scratch, logging progress."""
-        total = sum(1 for r in self.library.experiences() if r["status"] == "live")
+        with self._index_lock:
+            self._rebuild_index_locked(why)
+
+    def _rebuild_index_locked(self, why: str) -> None:
+        latest = self._latest()
+        total = sum(1 for record in latest.experiences() if record.live)
         log.info("rebuilding the vector index (%s): %d live experiences", why, total)
 
         def progress(done: int, of: int) -> None:
             log.info("indexed %d/%d experiences", done, of)
 
-        self._index.rebuild(self._live_embeddings(), total, self.generation, progress if total > 5000 else None)
-        self.library.touched.clear()
-        self._index_pending.clear()
+        self._index.rebuild(self._live_embeddings(latest), total, latest.generation, progress if total > 5000 else None)
 
-    # --- queries -----------------------------------------------------------------------------
-
-    def has(self, cid: CID) -> bool:
-        return self.store.get(BLOCK + cid.raw) is not None
-
-    def status(self, cid: CID) -> dict[str, Any] | None:
-        """What the fold made of an operation, or {"outcome": "pending", "waiting_for": [...]}.
-
-        An applied modify is shown as superseded once its experience is deleted (delete beats
-        modify) or a later modify that saw it has replaced it.
-        """
-        pending = self.store.get(PENDING + cid.raw)
-        if pending is not None:
-            return {"outcome": "pending", "waiting_for": [CID(d) for d in _split(pending)]}
-        raw = self.store.get(STATUS + cid.raw)
-        if raw is None:
-            return None
-        status = codec.unpack(raw)
-        if status["outcome"] == "applied" and self.library.meta(self.store, cid.raw).kind is Kind.MODIFY:
-            record = self.experience(self.resolve(status["experience"]))
-            assert record is not None
-            if record["status"] == "deleted":
-                return {**status, "outcome": "superseded", "code": "superseded.deleted"}
-            if cid not in record["heads"]:
-                return {**status, "outcome": "superseded", "code": "superseded.modified"}
-        return status
-
-    def pending(self) -> list[CID]:
-        return [CID(key[1:]) for key, _ in self.store.scan(PENDING)]
-
-    def missing(self) -> set[CID]:
-        """CIDs that pending operations depend on and this node has never seen: what sync must fetch."""
-        wanted = {key[1 : 1 + CID_LENGTH] for key, _ in self.store.scan(WAITER)}
-        return {CID(raw) for raw in wanted if self.store.get(BLOCK + raw) is None}
-
-    def experience(self, exp_id: CID) -> dict[str, Any] | None:
-        return self.library.record(self.store, exp_id.raw)
-
-    def resolve(self, exp_id: CID) -> CID:
-        return CID(self.library.resolve(self.store, exp_id.raw))
-
-    def live_ids(self, domain_prefix: str = "") -> list[CID]:
-        """Live experiences whose domain equals `domain_prefix` or lies under it (all when empty)."""
-        if not domain_prefix:
-            return [r["id"] for r in self.library.experiences() if r["status"] == "live"]
-        ids = []
-        for prefix in (domain_prefix.encode() + b"\x00", domain_prefix.encode() + b"."):
-            ids.extend(CID(key[-CID_LENGTH:]) for key, _ in self.store.scan(BY_DOMAIN + prefix))
-        return ids
-
-    def by_author(self, author: str) -> list[CID]:
-        return [CID(value) for _, value in self.store.scan(BY_AUTHOR + author.encode() + b"\x00")]
-
-    def by_target(self, target: CID) -> list[CID]:
-        return [CID(key[-CID_LENGTH:]) for key, _ in self.store.scan(BY_TARGET + target.raw)]
-
-    def applied_in_order(self) -> list[CID]:
-        return [CID(key[9:]) for key, _ in self.store.scan(ORDER)]
-
-    def state_root(self) -> bytes:
-        return self._state_root.digest()
-
-    def snapshot(self) -> bytes:
-        return self.library.snapshot()
-
-    # --- log and proofs ----------------------------------------------------------------------
-
-    @property
-    def log_size(self) -> int:
-        return self.merkle.size
-
-    def logged(self, position: int) -> CID:
-        raw = self.store.get(LOG + u64(position))
-        if raw is None:
-            raise ProofError("proof.leaf", f"position {position} is not in the log (size {self.log_size})")
-        return CID(raw)
-
-    def position(self, cid: CID) -> int | None:
-        raw = self.store.get(SEQ + cid.raw)
-        return int.from_bytes(raw, "big") if raw is not None else None
-
-    def tree_head(self) -> TreeHead:
-        """A freshly signed head for the current log."""
-        return TreeHead.sign(self.log_size, self.merkle.root(), self.node_key)
-
-    def inclusion_proof(self, cid: CID, size: int | None = None) -> dict[str, Any]:
-        position = self.position(cid)
-        if position is None:
-            raise ProofError("proof.unknown", f"{cid} is not in this node's log")
-        size = self.log_size if size is None else size
-        return {
-            "cid": str(cid),
-            "leaf_index": position,
-            "tree_size": size,
-            "leaf_hash": self.merkle.leaf_hash(position).hex(),
-            "audit_path": [h.hex() for h in self.merkle.inclusion_path(position, size)],
-            "root": self.merkle.root(size).hex(),
-        }
-
-    def consistency_proof(self, old_size: int, new_size: int | None = None) -> dict[str, Any]:
-        new_size = self.log_size if new_size is None else new_size
-        return {
-            "old_size": old_size,
-            "new_size": new_size,
-            "old_root": self.merkle.root(old_size).hex(),
-            "new_root": self.merkle.root(new_size).hex(),
-            "proof": [h.hex() for h in self.merkle.consistency_path(old_size, new_size)],
-        }
-
-    # --- maintenance -------------------------------------------------------------------------
+    # --- maintenance -------------------------------------------------------------------------------
 
     def rebuild_library(self) -> None:
         """Fold every applied operation again from nothing: a clean rebuild of the library from the log."""
-        applied = [key[9:] for key, _ in self.store.scan(ORDER)]
-        log.info("rebuilding the library from %d applied operations", len(applied))
-        txn = self.store.transaction()
-        for table in (EXPERIENCE, BY_DOMAIN, STATUS, UNDO, ORDER, BY_TARGET, VOTES):
-            for key, _ in self.store.scan(table):
-                txn.delete(key)
-        self.library.reset(empty=True)
-        try:
-            self.library.apply(
-                txn,
-                [(cid, load_stored(self.store.get(BLOCK + cid))) for cid in applied],
-                lambda done, total: log.info("refolded %d/%d operations", done, total),
-            )
-            txn.put(_GENERATION, u64(self.generation + 1))
-            txn.commit()
-        except BaseException:
-            self.library.reset()
-            raise
-        self.rebuild_index("the library was rebuilt")
-
-
-class IngestError(LedgerError):
-    """Arguments to `Ledger.ingest` that are not a batch of operations (a programming error of the caller)."""
-
-
-def _check_arguments(items: object, expected: object) -> Sequence[CID | None]:
-    """The claimed CID for each item (None where there is no claim), after checking both arguments' shapes."""
-    if isinstance(items, (bytes, bytearray, memoryview, str)) or not isinstance(items, Sequence):
-        raise IngestError("ingest.argument", f"items: expected a sequence of operations, got {type(items).__name__}")
-    if expected is None:
-        return [None] * len(items)
-    if not isinstance(expected, Sequence) or isinstance(expected, (bytes, str)) or len(expected) != len(items):
-        raise IngestError("ingest.argument", f"expected: must be None or one CID (or None) per item ({len(items)})")
-    for index, claim in enumerate(expected):
-        if claim is not None and not isinstance(claim, CID):
-            raise IngestError(
-                "ingest.argument", f"expected[{index}]: expected a CID or None, got {type(claim).__name__}"
-            )
-    return expected
-
-
-def _examine_item(
-    data: object, index: int, params: NetworkParams, claim: CID | None
-) -> tuple[Block | None, list[LedgerError]]:
-    if isinstance(data, (bytearray, memoryview)):
-        data = bytes(data)
-    if type(data) is not bytes:
-        return None, [IngestError("ingest.type", f"items[{index}]: expected bytes, got {type(data).__name__}")]
-    return examine(data, params, claim)
+        with self._write_lock:
+            view = self.view()
+            applied = view.applied_in_order()
+            log.info("rebuilding the library from %d applied operations", len(applied))
+            batch = Batch(self.store, self.library, self._state)
+            batch.refold([(cid.raw, load_stored(self.store.get(block_key(cid.raw)))) for cid in applied])
+            state = batch.commit()
+            assert batch.fold is not None
+            self.library.publish(batch.fold)
+            self._state = state
+            self.rebuild_index("the library was rebuilt")
+            self._snapshot = self.store.snapshot()
 
 
 def _check_network(store: Store, params: NetworkParams) -> None:
@@ -534,16 +342,12 @@ def _check_network(store: Store, params: NetworkParams) -> None:
     Validity, the fold and the index all depend on them (as a blockchain node checks its genesis).
     """
     wanted = dataclasses.asdict(params)
-    raw = store.get(_NETWORK)
+    raw = store.get(NETWORK)
     if raw is None:
-        store.write({_NETWORK: codec.encode(wanted)})
+        store.write({NETWORK: codec.encode(wanted)})
         return
     recorded = codec.decode(raw)
     differing = sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name) != recorded.get(name))
     if differing:
         details = ", ".join(f"{name} {recorded.get(name)!r} (asked {wanted.get(name)!r})" for name in differing)
         raise StoreError("store.network", f"{store.path}: this data directory belongs to another network: {details}")
-
-
-def _split(raw: bytes) -> list[bytes]:
-    return [raw[i : i + CID_LENGTH] for i in range(0, len(raw), CID_LENGTH)]

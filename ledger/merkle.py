@@ -1,139 +1,161 @@
-"""The node's append-only log as an RFC 9162 Merkle tree in LevelDB, signed tree heads, and proofs.
+"""The node's append-only log as an RFC 9162 Merkle tree stored in LevelDB, and signed tree heads.
 
-pymerkle supplies the tree algorithms; this backend keeps every leaf hash and every perfect
-subtree hash in LevelDB, written in the same transaction as the operation it logs. Any subtree
-root is then O(log n) reads, and start-up reads only the stored size. Proofs are in RFC 9162
-form (§2.1.3 inclusion, §2.1.4 consistency), so clients verify them without our code.
+RFC 9162 §2.1 is short, so the tree is written here: every leaf hash and every perfect subtree
+hash is stored in the same transaction as the operation it logs, so the root or a proof for any
+size is O(log n) reads and start-up reads only the stored size. A `LogAppender` writes inside one
+transaction and keeps its own cursor; a `MerkleLog` reads the first `size` entries of one view.
+Nothing here is shared state, so a log read from a committed view never sees a batch being built.
+Proofs are in RFC 9162 form (§2.1.3 inclusion, §2.1.4 consistency); `ledger.proofs` verifies them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-
-from pymerkle import BaseMerkleTree
-from pymerkle.core import _inclusion_path_layout
 
 from ledger import codec
 from ledger.errors import LedgerError
 from ledger.keys import AuthorKey, IdentityError, verify_signature
-from ledger.store import LOG, META, NODE, SEQ, Store, StoreError, Transaction, u64
+from ledger.store import LOG_SIZE, ReadView, StoreError, Transaction, log_key, merkle_node_key, seq_key, u64
 
-_SIZE_KEY = META + b"log_size"
+EMPTY_ROOT = hashlib.sha256(b"").digest()
 
 
 class ProofError(LedgerError):
     """A proof asked for a leaf or sizes the log does not have."""
 
 
-def _node_key(level: int, index: int) -> bytes:
-    return NODE + bytes([level]) + u64(index)
+def leaf_hash(entry: bytes) -> bytes:
+    """RFC 9162 §2.1.1: SHA-256(0x00 ‖ entry)."""
+    return hashlib.sha256(b"\x00" + entry).digest()
 
 
-class MerkleLog(BaseMerkleTree):
-    """RFC 9162 tree whose leaves are the binary CIDs of logged operations, in log order."""
+def node_hash(left: bytes, right: bytes) -> bytes:
+    """RFC 9162 §2.1.1: SHA-256(0x01 ‖ left ‖ right)."""
+    return hashlib.sha256(b"\x01" + left + right).digest()
 
-    def __init__(self, store: Store) -> None:
-        super().__init__("sha256")
-        self._store = store
-        self._view: Store | Transaction = store
-        self._size = self._stored_size()
 
-    def _stored_size(self) -> int:
-        raw = self._store.get(_SIZE_KEY)
-        size = int.from_bytes(raw, "big") if raw else 0
-        last_missing = size > 0 and self._store.get(LOG + u64(size - 1)) is None
-        if last_missing or self._store.get(LOG + u64(size)) is not None:
-            raise StoreError("store.corrupt", f"log size {size} disagrees with the stored log entries")
-        return size
+def _split(width: int) -> int:
+    """The largest power of two smaller than `width` (> 1): where RFC 9162 splits a range."""
+    return 1 << ((width - 1).bit_length() - 1)
 
-    @property
-    def size(self) -> int:
-        return self._size
 
-    def append(self, txn: Transaction, cid_raw: bytes) -> int:
-        """Log one operation in `txn`; returns its position (from 0)."""
-        self._view = txn
-        try:
-            return self.append_entry(cid_raw) - 1
-        finally:
-            self._view = self._store
+def root_of_leaf_hashes(leaves: Iterable[bytes]) -> bytes:
+    """MTH computed from the leaf hashes alone, without any stored inner node (for verification)."""
+    stack: list[tuple[int, bytes]] = []  # perfect subtrees, largest first: (level, hash)
+    for leaf in leaves:
+        level, node = 0, leaf
+        while stack and stack[-1][0] == level:
+            node = node_hash(stack.pop()[1], node)
+            level += 1
+        stack.append((level, node))
+    if not stack:
+        return EMPTY_ROOT
+    root = stack[-1][1]
+    for _, node in reversed(stack[:-1]):
+        root = node_hash(node, root)
+    return root
 
-    def reload(self) -> None:
-        """Forget appends of a transaction that was not committed."""
-        self._size = self._stored_size()
-        self.cache_clear()
 
-    # --- pymerkle storage backend ----------------------------------------------------------
+def stored_size(view: ReadView) -> int:
+    """The log size a store records, checked against its log entries (start-up reads nothing else)."""
+    raw = view.get(LOG_SIZE)
+    size = int.from_bytes(raw, "big") if raw else 0
+    if (size > 0 and view.get(log_key(size - 1)) is None) or view.get(log_key(size)) is not None:
+        raise StoreError("store.corrupt", f"log size {size} disagrees with the stored log entries")
+    return size
 
-    def _encode_entry(self, data: bytes) -> bytes:
-        return data
 
-    def _store_leaf(self, data: bytes, digest: bytes) -> int:
-        position, view = self._size, self._view
-        assert isinstance(view, Transaction), "appends go through a transaction"
-        view.put(LOG + u64(position), data)
-        view.put(SEQ + data, u64(position))
-        view.put(_node_key(0, position), digest)
-        index, level, node = position, 0, digest
+class LogAppender:
+    """Appends entries inside one transaction; its cursor is private to the batch until that commits."""
+
+    def __init__(self, txn: Transaction, size: int) -> None:
+        self._txn = txn
+        self.size = size
+
+    def append(self, cid_raw: bytes) -> int:
+        """Log one operation; returns its position (from 0)."""
+        position, txn = self.size, self._txn
+        txn.put(log_key(position), cid_raw)
+        txn.put(seq_key(cid_raw), u64(position))
+        node = leaf_hash(cid_raw)
+        txn.put(merkle_node_key(0, position), node)
+        index, level = position, 0
         while index & 1:  # this leaf completes perfect subtrees: store each of their roots
-            node = self.hash_pair(view.get(_node_key(level, index - 1)), node)
+            left = txn.get(merkle_node_key(level, index - 1))
+            assert left is not None, "a completed subtree's left half is stored"
+            node = node_hash(left, node)
             index, level = index >> 1, level + 1
-            view.put(_node_key(level, index), node)
-        self._size += 1
-        view.put(_SIZE_KEY, u64(self._size))
-        return self._size
+            txn.put(merkle_node_key(level, index), node)
+        self.size += 1
+        txn.put(LOG_SIZE, u64(self.size))
+        return position
 
-    def _get_leaf(self, index: int) -> bytes:
-        return self._view.get(_node_key(0, index - 1))
 
-    def _get_leaves(self, offset: int, width: int) -> list[bytes]:
-        return [self._view.get(_node_key(0, i)) for i in range(offset, offset + width)]
+class MerkleLog:
+    """Roots and RFC 9162 proofs over the first `size` entries of the log in `view`."""
 
-    def _get_size(self) -> int:
-        return self._size
+    def __init__(self, view: ReadView, size: int) -> None:
+        self._view = view
+        self.size = size
 
-    def _get_subroot(self, offset: int, width: int) -> bytes:
-        """A stored perfect subtree when the range is one (aligned), else computed from its leaves."""
-        level = width.bit_length() - 1
-        if offset % width == 0 and offset + width <= self._size:
-            stored = self._view.get(_node_key(level, offset >> level))
-            if stored is not None:
-                return stored
-        return self._get_subroot_uncached(offset, width)
+    def _node(self, level: int, index: int) -> bytes:
+        found = self._view.get(merkle_node_key(level, index))
+        if found is None:
+            raise StoreError("store.corrupt", f"the Merkle node at level {level}, index {index} is missing")
+        return found
 
-    # --- RFC 9162 proofs --------------------------------------------------------------------
+    def _subtree(self, start: int, end: int) -> bytes:
+        """MTH(D[start:end]); every perfect subtree the RFC recursion meets is aligned, hence stored."""
+        width = end - start
+        if width & (width - 1) == 0:
+            level = width.bit_length() - 1
+            return self._node(level, start >> level)
+        k = _split(width)
+        return node_hash(self._subtree(start, start + k), self._subtree(start + k, end))
 
     def root(self, size: int | None = None) -> bytes:
         """MTH of the first `size` leaves (all by default)."""
-        size = self._size if size is None else size
+        size = self.size if size is None else size
         self._check_size(size)
-        return self._get_root(0, size)
+        return self._subtree(0, size) if size else EMPTY_ROOT
 
     def leaf_hash(self, position: int) -> bytes:
-        if not 0 <= position < self._size:
-            raise ProofError("proof.leaf", f"position {position} is not in the log (size {self._size})")
-        return self._get_leaf(position + 1)
+        if not 0 <= position < self.size:
+            raise ProofError("proof.leaf", f"position {position} is not in the log (size {self.size})")
+        return self._node(0, position)
 
     def inclusion_path(self, position: int, size: int) -> list[bytes]:
         """RFC 9162 §2.1.3.1 PATH(m, D[n]), sibling hashes from the leaf upwards."""
         self._check_size(size)
         if not 0 <= position < size:
             raise ProofError("proof.leaf", f"leaf {position} is not within tree size {size}")
-        _, ranges = _inclusion_path_layout(position + 1, size)
-        return [self._get_root(start, end) for start, end in ranges[1:]]
+        path: list[bytes] = []
+        start, end = 0, size
+        while end - start > 1:
+            k = _split(end - start)
+            if position < start + k:
+                path.append(self._subtree(start + k, end))
+                end = start + k
+            else:
+                path.append(self._subtree(start, start + k))
+                start += k
+        path.reverse()
+        return path
 
     def consistency_path(self, old_size: int, new_size: int) -> list[bytes]:
         """RFC 9162 §2.1.4.1 PROOF(m, D[n]) for 0 < m <= n."""
         self._check_size(new_size)
         if not 0 < old_size <= new_size:
             raise ProofError("proof.sizes", f"need 0 < old size ({old_size}) <= new size ({new_size})")
-        return [self._get_root(start, end) for start, end in _subproof(old_size, 0, new_size, True)]
+        return [self._subtree(start, end) for start, end in _subproof(old_size, 0, new_size, True)]
 
     def _check_size(self, size: int) -> None:
-        if not 0 <= size <= self._size:
-            raise ProofError("proof.sizes", f"tree size {size} is beyond the log (size {self._size})")
+        if not 0 <= size <= self.size:
+            raise ProofError("proof.sizes", f"tree size {size} is beyond the log (size {self.size})")
 
 
 def _subproof(m: int, start: int, end: int, complete: bool) -> list[tuple[int, int]]:
@@ -141,7 +163,7 @@ def _subproof(m: int, start: int, end: int, complete: bool) -> list[tuple[int, i
     n = end - start
     if m == n:
         return [] if complete else [(start, end)]
-    k = 1 << ((n - 1).bit_length() - 1)  # the largest power of two smaller than n
+    k = _split(n)
     if m <= k:
         return [*_subproof(m, start, start + k, complete), (start + k, end)]
     return [*_subproof(m - k, start + k, end, False), (start, start + k)]

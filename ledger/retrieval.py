@@ -49,29 +49,20 @@ class Retriever:
             return []
         threshold = self._ledger.params.relevance_threshold if threshold is None else threshold
         vector = self._query_vector(query)
+        view = self._ledger.view()
         if domain_prefix:
-            candidates = [cid.raw for cid in self._ledger.live_ids(domain_prefix)]
+            candidates = view.live_ids(domain_prefix)
         else:
-            candidates = [exp_id for exp_id, _ in self._ledger.index.search(vector, max(k * 2, k + 8))]
+            candidates = [exp_id for exp_id, _ in self._ledger.nearest(vector, max(k * 2, k + 8))]
         hits = []
         for exp_id in candidates:
-            record = self._ledger.library.record(self._ledger.store, exp_id)
-            if record is None or record["status"] != "live":
+            record = view.experience(exp_id)
+            if record is None or not record.live:
                 continue  # never serve a deleted, merged-away or superseded version
-            content = self._ledger.library.content(self._ledger.store, record["version"].raw)
+            content = view.content(record.version)
             score = float(unit(unpack_float16(content.embedding.values)) @ vector)
             if score > threshold:
-                hits.append(
-                    Hit(
-                        CID(exp_id),
-                        content.text,
-                        record["domain"],
-                        score,
-                        content.confidence,
-                        record["up"],
-                        record["down"],
-                    )
-                )
+                hits.append(Hit(exp_id, content.text, record.domain, score, content.confidence, record.up, record.down))
         hits.sort(key=lambda hit: (-hit.score, hit.id.raw))
         return hits[:k]
 

@@ -12,14 +12,19 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import plyvel
 
+from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
 
 FORMAT = b"experience-ledger/store/1"
 
-# table tags (the first byte of every key)
+# Table tags (the first byte of every key). Keys are built and parsed only by the functions
+# below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
+# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, U,
+# O, T, Y.
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> operation bytes
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -28,6 +33,7 @@ NODE = b"N"  # N u8 level, u64 index -> hash of a perfect Merkle subtree (level 
 OPMETA = b"K"  # K cid -> u64 clock, u8 kind, u8 counts, parent and target cids (what causality needs)
 PENDING = b"P"  # P cid -> cids it still waits for
 WAITER = b"W"  # W dependency cid, waiting cid -> ""
+HEAD = b"H"  # H cid -> "" (applied operations that no applied operation names as parent)
 BY_AUTHOR = b"A"  # A author did, 0x00, u64 seq -> cid
 BY_TARGET = b"T"  # T target cid, order -> kind byte (applied operations naming a target)
 ORDER = b"O"  # O order (u64 clock, cid) -> "" (applied operations in canonical order)
@@ -39,15 +45,175 @@ VOTES = b"Y"  # Y experience id, author did -> [clock, cid, value] of the vote t
 
 U64 = struct.Struct(">Q")
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES))
+_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD))
 
-
-class StoreError(LedgerError):
-    """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
+FORMAT_KEY = META + b"format"
+LOG_SIZE = META + b"log_size"
+STATE_ROOT = META + b"state_root"
+GENERATION = META + b"library_generation"  # bumped by every committed change to the library
+NETWORK = META + b"network"  # the network parameters the directory was created with
+MAX_CLOCK = META + b"max_clock"  # the highest clock of any stored operation
 
 
 def u64(value: int) -> bytes:
     return U64.pack(value)
+
+
+def read_u64(raw: bytes | None) -> int:
+    """A stored big-endian counter; absent counts as 0."""
+    return int.from_bytes(raw, "big") if raw else 0
+
+
+# --- key builders and parsers ---------------------------------------------------------------
+
+
+def block_key(cid: bytes) -> bytes:
+    return BLOCK + cid
+
+
+def seq_key(cid: bytes) -> bytes:
+    return SEQ + cid
+
+
+def log_key(position: int) -> bytes:
+    return LOG + u64(position)
+
+
+def merkle_node_key(level: int, index: int) -> bytes:
+    return NODE + bytes([level]) + u64(index)
+
+
+def opmeta_key(cid: bytes) -> bytes:
+    return OPMETA + cid
+
+
+def pending_key(cid: bytes) -> bytes:
+    return PENDING + cid
+
+
+def cid_of_key(key: bytes) -> bytes:
+    """The CID of a key made of a tag and one CID (B, S, K, P, H, U, X, V)."""
+    return key[1:]
+
+
+def waiter_key(dependency: bytes, waiter: bytes) -> bytes:
+    return WAITER + dependency + waiter
+
+
+def waiter_prefix(dependency: bytes = b"") -> bytes:
+    return WAITER + dependency
+
+
+def parse_waiter_key(key: bytes) -> tuple[bytes, bytes]:
+    """(dependency, waiting operation)."""
+    return key[1 : 1 + CID_LENGTH], key[1 + CID_LENGTH :]
+
+
+def head_key(cid: bytes) -> bytes:
+    return HEAD + cid
+
+
+def by_author_prefix(author: str) -> bytes:
+    return BY_AUTHOR + author.encode() + b"\x00"
+
+
+def by_author_key(author: str, position: int) -> bytes:
+    return by_author_prefix(author) + u64(position)
+
+
+def order_key(clock: int, cid: bytes) -> bytes:
+    """Canonical fold order (clock, binary CID) as bytes that sort the same way."""
+    return u64(clock) + cid
+
+
+def order_cid(order: bytes) -> bytes:
+    return order[8:]
+
+
+def ordered_key(order: bytes) -> bytes:
+    return ORDER + order
+
+
+def parse_ordered_key(key: bytes) -> bytes:
+    """The order (clock, CID) of an ORDER key."""
+    return key[1:]
+
+
+def by_target_key(target: bytes, order: bytes) -> bytes:
+    return BY_TARGET + target + order
+
+
+def by_target_prefix(target: bytes) -> bytes:
+    return BY_TARGET + target
+
+
+def parse_by_target_key(key: bytes) -> bytes:
+    """The order (clock, CID) of the operation naming the target."""
+    return key[1 + CID_LENGTH :]
+
+
+def undo_key(cid: bytes) -> bytes:
+    return UNDO + cid
+
+
+def experience_key(exp_id: bytes) -> bytes:
+    return EXPERIENCE + exp_id
+
+
+def is_experience_key(key: bytes) -> bool:
+    return key[:1] == EXPERIENCE
+
+
+def by_domain_prefix(domain: str, *, subdomains: bool = False) -> bytes:
+    """Keys of experiences in exactly `domain`, or (subdomains) in the domains under it."""
+    return BY_DOMAIN + domain.encode() + (b"." if subdomains else b"\x00")
+
+
+def by_domain_key(domain: str, exp_id: bytes) -> bytes:
+    return by_domain_prefix(domain) + exp_id
+
+
+def parse_by_domain_key(key: bytes) -> bytes:
+    """The experience id of a BY_DOMAIN key."""
+    return key[-CID_LENGTH:]
+
+
+def status_key(cid: bytes) -> bytes:
+    return STATUS + cid
+
+
+def votes_prefix(exp_id: bytes) -> bytes:
+    return VOTES + exp_id
+
+
+def votes_key(exp_id: bytes, author: str) -> bytes:
+    return VOTES + exp_id + author.encode()
+
+
+def parse_votes_key(key: bytes) -> tuple[bytes, str]:
+    """(experience id, author did)."""
+    return key[1 : 1 + CID_LENGTH], key[1 + CID_LENGTH :].decode()
+
+
+def join_cids(cids: list[bytes]) -> bytes:
+    """A list of binary CIDs as one value (what a pending operation still waits for)."""
+    return b"".join(cids)
+
+
+def split_cids(raw: bytes) -> list[bytes]:
+    return [raw[i : i + CID_LENGTH] for i in range(0, len(raw), CID_LENGTH)]
+
+
+class ReadView(Protocol):
+    """What reading code needs: a store, a snapshot of it, or a transaction that reads its own writes."""
+
+    def get(self, key: bytes) -> bytes | None: ...
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+class StoreError(LedgerError):
+    """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -95,10 +261,10 @@ class Store:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
         except plyvel.Error as exc:
             raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
-        if self.get(META + b"format") is None and (create or next(self.scan(b""), None) is None):
+        if self.get(FORMAT_KEY) is None and (create or next(self.scan(b""), None) is None):
             # new, or created by a start that died before writing anything: nothing to lose
-            self._db.put(META + b"format", FORMAT, sync=True)
-        found = self.get(META + b"format")
+            self._db.put(FORMAT_KEY, FORMAT, sync=True)
+        found = self.get(FORMAT_KEY)
         if found != FORMAT:
             self.close()
             raise StoreError(
@@ -125,6 +291,10 @@ class Store:
     def transaction(self) -> Transaction:
         return Transaction(self)
 
+    def snapshot(self) -> Snapshot:
+        """A consistent, read-only view of everything committed so far; safe to read from any thread."""
+        return Snapshot(self, self._db.snapshot())
+
     def write(self, puts: dict[bytes, bytes | None]) -> None:
         """Apply puts (None deletes) atomically and durably."""
         with self._db.write_batch(sync=True) as batch:
@@ -136,6 +306,26 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+
+
+class Snapshot:
+    """Reads of the database as it was when the snapshot was taken (LevelDB keeps those versions)."""
+
+    def __init__(self, store: Store, snapshot: plyvel.Snapshot) -> None:
+        self._store = store
+        self._snapshot = snapshot
+
+    def get(self, key: bytes) -> bytes | None:
+        try:
+            return self._snapshot.get(key, verify_checksums=True)
+        except plyvel.Error as exc:
+            raise self._store._read_error(exc) from None
+
+    def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            yield from self._snapshot.iterator(start=start or prefix, stop=prefix_end(prefix), verify_checksums=True)
+        except plyvel.Error as exc:
+            raise self._store._read_error(exc) from None
 
 
 class Transaction:

@@ -24,8 +24,8 @@ def main() -> None:
         batch = items[index : index + rng.randint(1, 5)]
         index += len(batch)
         outcomes = ledger.ingest(batch)
-        cids = " ".join(str(o.cid) for o in outcomes if o.status != "invalid")
-        print(f"ACK {cids} | {ledger.log_size} {ledger.merkle.root().hex()}", flush=True)
+        cids = " ".join(str(o.cid) for o in outcomes if o.outcome != "invalid")
+        print(f"ACK {cids} | {ledger.view().log_size} {ledger.view().merkle.root().hex()}", flush=True)
     print("DONE", flush=True)
 
 

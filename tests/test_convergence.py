@@ -36,10 +36,10 @@ def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_fa
         ledger = open_ledger(tmp_path_factory.mktemp(f"n{number}"))
         for batch in schedule:
             outcomes = ledger.ingest(batch)
-            assert all(o.status != "invalid" for o in outcomes), [o.errors for o in outcomes]
-        assert ledger.pending() == [] and ledger.missing() == set()
-        results.add((ledger.snapshot(), ledger.state_root()))
+            assert all(o.outcome != "invalid" for o in outcomes), [o.errors for o in outcomes]
+        assert ledger.view().pending() == [] and ledger.view().missing() == set()
+        results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.rebuild_library()
-        results.add((ledger.snapshot(), ledger.state_root()))
+        results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.close()
     assert len(results) == 1

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from ledger.cid import CID
-from tests import rfc9162 as rfc
+from ledger.proofs import verify_consistency
 from tests.ledgers import open_ledger, random_history
 
 RUNS = 20
@@ -51,21 +51,24 @@ def test_kill_minus_nine_loses_nothing_acknowledged(tmp_path):
                 heads.append((int(size), bytes.fromhex(root)))
         ledger = open_ledger(data_dir)
         for cid in acknowledged:
-            assert ledger.has(CID.parse(cid)), f"run {run}: acknowledged {cid} was lost"
-        snapshot = ledger.snapshot()
+            assert ledger.view().has(CID.parse(cid)), f"run {run}: acknowledged {cid} was lost"
+        snapshot = ledger.view().snapshot()
         ledger.rebuild_library()
-        assert ledger.snapshot() == snapshot, f"run {run}: library differs from a clean rebuild"
-        size, root = ledger.log_size, ledger.merkle.root()
+        assert ledger.view().snapshot() == snapshot, f"run {run}: library differs from a clean rebuild"
+        size, root = ledger.view().log_size, ledger.view().merkle.root()
         for old_size, old_root in heads:
             if old_size:
-                proof = ledger.merkle.consistency_path(old_size, size)
-                assert rfc.verify_consistency(old_size, size, old_root, root, proof), (run, old_size, size)
+                proof = ledger.view().merkle.consistency_path(old_size, size)
+                assert verify_consistency(old_size, size, old_root, root, proof), (run, old_size, size)
         ledger.close()
     assert _run_worker(data_dir, ops_file, RUNS, 0, kill_after=None)[-1] == "DONE"
     finished, clean = open_ledger(data_dir), open_ledger(tmp_path / "clean")
     clean.ingest([b.data for b in blocks])
-    assert finished.log_size == len({b.cid for b in blocks})
-    assert (finished.snapshot(), finished.state_root()) == (clean.snapshot(), clean.state_root())
+    assert finished.view().log_size == len({b.cid for b in blocks})
+    assert (finished.view().snapshot(), finished.view().state_root()) == (
+        clean.view().snapshot(),
+        clean.view().state_root(),
+    )
     assert len(acknowledged) > 0
     finished.close()
     clean.close()

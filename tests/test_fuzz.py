@@ -30,7 +30,7 @@ def ledger(tmp_path_factory):
 
 
 def _state(ledger) -> tuple:
-    return tuple(ledger.store.scan(b"")), ledger.log_size, ledger.state_root()
+    return tuple(ledger.store.scan(b"")), ledger.view().log_size, ledger.view().state_root()
 
 
 def _mutated(draw: st.DrawFn) -> bytes:
@@ -77,10 +77,10 @@ def test_arbitrary_and_mutated_bytes(ledger, batch):
     before = _state(ledger)
     outcomes = ledger.ingest(batch)
     assert len(outcomes) == len(batch)
-    if all(outcome.status in ("invalid", "duplicate") for outcome in outcomes):
+    if all(outcome.outcome in ("invalid", "duplicate") for outcome in outcomes):
         assert _state(ledger) == before
     for outcome in outcomes:
-        assert outcome.status != "invalid" or outcome.errors
+        assert outcome.outcome != "invalid" or outcome.errors
 
 
 @FUZZ
@@ -94,7 +94,7 @@ def test_arbitrary_json_views(ledger, view):
         assert _state(ledger) == before
         return
     (outcome,) = ledger.ingest([block.data])
-    if outcome.status == "invalid":
+    if outcome.outcome == "invalid":
         assert outcome.errors and _state(ledger) == before
 
 
@@ -103,7 +103,7 @@ def test_arbitrary_json_views(ledger, view):
 def test_items_of_the_wrong_type_are_invalid_outcomes(ledger, batch):
     before = _state(ledger)
     outcomes = ledger.ingest(batch)
-    assert [o.status for o in outcomes] == ["invalid"] * len(batch)
+    assert [o.outcome for o in outcomes] == ["invalid"] * len(batch)
     assert _state(ledger) == before
 
 

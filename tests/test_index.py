@@ -10,7 +10,7 @@ from tests.ledgers import open_ledger, random_history
 
 
 def _live(ledger) -> set[bytes]:
-    return {cid.raw for cid in ledger.live_ids()}
+    return {cid.raw for cid in ledger.view().live_ids()}
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -23,17 +23,17 @@ def test_index_equals_live_experiences_through_restarts_and_lost_files(tmp_path_
     ledger = open_ledger(path)
     for start in range(0, len(blocks), 4):
         ledger.ingest([b.data for b in blocks[start : start + 4]])
-        assert ledger.index.ids() == _live(ledger)
+        assert ledger.indexed() == _live(ledger)
     live = _live(ledger)
     ledger.close()
 
     ledger = open_ledger(path)  # saved index, reloaded
-    assert ledger.index_status == "loaded" and ledger.index.ids() == live
+    assert ledger.index_status == "loaded" and ledger.indexed() == live
     ledger.close()
 
     (path / INDEX_FILE).unlink()  # lost index: rebuilt
     ledger = open_ledger(path)
-    assert ledger.index_status == "missing" and ledger.index.ids() == live
+    assert ledger.index_status == "missing" and ledger.indexed() == live
     ledger.close()
 
 
@@ -50,7 +50,7 @@ def test_a_stale_index_is_rebuilt(tmp_path):
     (tmp_path / "n" / INDEX_FILE).write_bytes(saved[0])  # as if the node died before saving the newer index
     (tmp_path / "n" / META_FILE).write_bytes(saved[1])
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index_status.startswith("stale") and ledger.index.ids() == live
+    assert ledger.index_status.startswith("stale") and ledger.indexed() == live
     ledger.close()
 
 
@@ -61,9 +61,9 @@ def test_a_damaged_index_is_rebuilt(tmp_path):
     ledger.close()
     (tmp_path / "n" / INDEX_FILE).write_bytes(b"\x00garbage" * 10)
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index_status.startswith(("unreadable", "corrupt")) and ledger.index.ids() == live
+    assert ledger.index_status.startswith(("unreadable", "corrupt")) and ledger.indexed() == live
     ledger.close()
     (tmp_path / "n" / META_FILE).write_bytes(b"\xff\xfe")
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index_status.startswith("unreadable") and ledger.index.ids() == live
+    assert ledger.index_status.startswith("unreadable") and ledger.indexed() == live
     ledger.close()

@@ -9,6 +9,7 @@ import pytest
 from ledger.embedder import pack_float16
 from ledger.library import exact_cosine_exceeds
 from ledger.ops import Kind
+from ledger.records import OpStatus, Outcome
 from tests import factories as f
 from tests.ledgers import open_ledger
 
@@ -34,7 +35,7 @@ def both_orders(tmp_path, blocks):
         forward.submit(block.data)
     for block in reversed(blocks):
         backward.submit(block.data)
-    assert forward.snapshot() == backward.snapshot()
+    assert forward.view().snapshot() == backward.view().snapshot()
     backward.close()
     return forward
 
@@ -45,11 +46,11 @@ def test_delete_beats_a_concurrent_modify_whichever_sorts_first(tmp_path):
     delete = op(Kind.DELETE, key=3, clock=3, parents=[add.cid], target=add.cid, reason="wrong")
     late_modify = op(Kind.MODIFY, key=2, clock=4, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
     node = both_orders(tmp_path, [add, early_modify, delete, late_modify])
-    record = node.experience(add.cid)
-    assert record["status"] == "deleted" and record["deleted_by"] == [delete.cid]
-    assert node.status(late_modify.cid)["code"] == "superseded.deleted"
-    assert node.status(early_modify.cid)["outcome"] == "superseded"
-    assert add.cid not in node.live_ids()
+    record = node.view().experience(add.cid)
+    assert record.status == "deleted" and record.deleted_by == [delete.cid]
+    assert node.view().status(late_modify.cid).code == "superseded.deleted"
+    assert node.view().status(early_modify.cid).outcome == "superseded"
+    assert add.cid not in node.view().live_ids()
 
 
 def test_concurrent_modifies_conflict_until_a_modify_that_saw_both(tmp_path):
@@ -57,14 +58,14 @@ def test_concurrent_modifies_conflict_until_a_modify_that_saw_both(tmp_path):
     first = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
     second = op(Kind.MODIFY, key=3, clock=3, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
     node = both_orders(tmp_path, [add, first, second])
-    record = node.experience(add.cid)
-    assert record["heads"] == sorted([first.cid, second.cid]) and record["version"] == second.cid  # higher clock
+    record = node.view().experience(add.cid)
+    assert record.heads == sorted([first.cid, second.cid]) and record.version == second.cid  # higher clock
     resolving = op(
         Kind.MODIFY, key=1, clock=4, parents=[first.cid, second.cid], target=add.cid, content=f.content(f.SEED_TEXTS[0])
     )
     node.submit(resolving.data)
-    record = node.experience(add.cid)
-    assert record["heads"] == [resolving.cid] and record["version"] == resolving.cid
+    record = node.view().experience(add.cid)
+    assert record.heads == [resolving.cid] and record.version == resolving.cid
     node.close()
 
 
@@ -73,7 +74,7 @@ def test_equal_clocks_break_ties_by_lower_cid(tmp_path):
     a = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
     b = op(Kind.MODIFY, key=3, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_C))
     node = both_orders(tmp_path, [add, a, b])
-    assert node.experience(add.cid)["version"] == min(a.cid, b.cid)
+    assert node.view().experience(add.cid).version == min(a.cid, b.cid)
     node.close()
 
 
@@ -91,11 +92,11 @@ def test_merge_turns_sources_into_aliases_and_keeps_support_and_votes(tmp_path):
     )
     after = op(Kind.VOTE, key=2, clock=4, parents=[merge.cid], target=b.cid, vote=-1)
     node = both_orders(tmp_path, [a, b, vote, merge, after])
-    merged = node.experience(merge.cid)
-    assert merged["status"] == "live" and merged["support"] == 2 and merged["absorbed"] == sorted([a.cid, b.cid])
-    assert (merged["up"], merged["down"]) == (1, 1)  # the vote on a source moved along; the later one followed
-    assert node.resolve(a.cid) == node.resolve(b.cid) == merge.cid
-    assert set(node.live_ids()) == {merge.cid}
+    merged = node.view().experience(merge.cid)
+    assert merged.status == "live" and merged.support == 2 and merged.absorbed == sorted([a.cid, b.cid])
+    assert (merged.up, merged.down) == (1, 1)  # the vote on a source moved along; the later one followed
+    assert node.view().resolve(a.cid) == node.view().resolve(b.cid) == merge.cid
+    assert set(node.view().live_ids()) == {merge.cid}
     node.close()
 
 
@@ -118,9 +119,9 @@ def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
     fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_B)}
     rival = op(kind, key=3, clock=5, parents=[a.cid], target=a.cid, **fields)  # sorts after the merge
     node = both_orders(tmp_path, [a, b, merge, rival])
-    assert node.status(merge.cid)["code"] == f"merge.concurrent_{kind.value}"
-    assert node.experience(merge.cid) is None
-    assert node.experience(b.cid)["status"] == "live"
+    assert node.view().status(merge.cid).code == f"merge.concurrent_{kind.value}"
+    assert node.view().experience(merge.cid) is None
+    assert node.view().experience(b.cid).status == "live"
     node.close()
 
 
@@ -128,7 +129,7 @@ def test_a_delete_after_the_merge_acts_on_the_merged_experience(tmp_path):
     a, b, merge = _two_adds_and_their_merge()
     delete = op(Kind.DELETE, key=2, clock=3, parents=[merge.cid], target=a.cid, reason="wrong")
     node = both_orders(tmp_path, [a, b, merge, delete])
-    assert node.experience(merge.cid)["status"] == "deleted"
+    assert node.view().experience(merge.cid).status == "deleted"
     node.close()
 
 
@@ -137,11 +138,11 @@ def test_near_duplicate_adds_merge_into_the_canonically_earlier(tmp_path):
     again = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(2))
     other = f.add(f.SEED_TEXTS[1], f.author(3))
     node = both_orders(tmp_path, [again, other, first])
-    assert node.experience(first.cid)["support"] == 2
-    assert node.experience(first.cid)["absorbed"] == [again.cid]
-    assert node.status(again.cid) == {"outcome": "absorbed", "into": first.cid}
-    assert node.resolve(again.cid) == first.cid
-    assert set(node.live_ids()) == {first.cid, other.cid}
+    assert node.view().experience(first.cid).support == 2
+    assert node.view().experience(first.cid).absorbed == [again.cid]
+    assert node.view().status(again.cid) == OpStatus(Outcome.ABSORBED, into=first.cid)
+    assert node.view().resolve(again.cid) == first.cid
+    assert set(node.view().live_ids()) == {first.cid, other.cid}
     node.close()
 
 
@@ -151,9 +152,9 @@ def test_one_vote_per_author_the_latest_counts(tmp_path):
     down = op(Kind.VOTE, key=2, clock=3, parents=[up.cid], target=add.cid, vote=-1)
     other = op(Kind.VOTE, key=3, clock=2, parents=[add.cid], target=add.cid, vote=1)
     node = both_orders(tmp_path, [add, up, down, other])
-    record = node.experience(add.cid)
-    assert (record["up"], record["down"]) == (1, 1)
-    assert node.library.votes(add.cid.raw)[f.author(2).did][1] == down.cid
+    record = node.view().experience(add.cid)
+    assert (record.up, record.down) == (1, 1)
+    assert node.view().votes(add.cid)[f.author(2).did].cid == down.cid
     node.close()
 
 
@@ -161,8 +162,8 @@ def test_an_operation_whose_clock_does_not_exceed_a_parent_is_void(ledger):
     add = f.signed(f.operation(Kind.ADD, clock=5, content=f.content()))
     stale = op(Kind.VOTE, key=2, clock=5, parents=[add.cid], target=add.cid, vote=1)
     ledger.ingest([add.data, stale.data])
-    assert ledger.status(stale.cid)["code"] == "clock.parent"
-    assert ledger.experience(add.cid)["up"] == 0
+    assert ledger.view().status(stale.cid).code == "clock.parent"
+    assert ledger.view().experience(add.cid).up == 0
 
 
 def test_the_outcome_of_ingest_is_the_folds_verdict(ledger):
@@ -172,17 +173,17 @@ def test_the_outcome_of_ingest_is_the_folds_verdict(ledger):
     copy = op(Kind.ADD, key=3, clock=1, content=f.content())
     delete = op(Kind.DELETE, key=2, clock=2, parents=[add.cid], target=add.cid, reason="proven incorrect")
     outcomes = ledger.ingest([add.data, same_clock_vote.data, copy.data, delete.data])
-    assert [(o.status, o.code) for o in outcomes] == [
+    assert [(o.outcome, o.code) for o in outcomes] == [
         ("applied", None),
         ("void", "clock.target"),
         ("absorbed", None),
         ("applied", None),
     ]
     late_modify = op(Kind.MODIFY, key=3, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
-    assert (ledger.submit(late_modify.data).status, ledger.submit(late_modify.data).status) == ("void", "duplicate")
-    assert ledger.status(late_modify.cid)["code"] == "superseded.deleted"
+    assert (ledger.submit(late_modify.data).outcome, ledger.submit(late_modify.data).outcome) == ("void", "duplicate")
+    assert ledger.view().status(late_modify.cid).code == "superseded.deleted"
     for outcome in outcomes:
-        assert ledger.status(outcome.cid)["outcome"] == outcome.status
+        assert ledger.view().status(outcome.cid).outcome == outcome.outcome
 
 
 def test_an_outcome_says_superseded_when_a_later_modify_already_replaced_it(ledger):
@@ -191,7 +192,7 @@ def test_an_outcome_says_superseded_when_a_later_modify_already_replaced_it(ledg
     second = op(Kind.MODIFY, key=3, clock=3, parents=[first.cid], target=add.cid, content=f.content(TEXT_C))
     ledger.ingest([add.data, second.data])
     outcome = ledger.submit(first.data)  # arrives last, but `second` saw it
-    assert (outcome.status, outcome.code) == ("superseded", "superseded.modified")
+    assert (outcome.outcome, outcome.code) == ("superseded", "superseded.modified")
 
 
 def test_targets_must_be_experiences(ledger):
@@ -199,7 +200,7 @@ def test_targets_must_be_experiences(ledger):
     vote = op(Kind.VOTE, key=2, clock=2, parents=[add.cid], target=add.cid, vote=1)
     vote_on_vote = op(Kind.VOTE, key=3, clock=3, parents=[vote.cid], target=vote.cid, vote=1)
     ledger.ingest([add.data, vote.data, vote_on_vote.data])
-    assert ledger.status(vote_on_vote.cid)["code"] == "target.not_experience"
+    assert ledger.view().status(vote_on_vote.cid).code == "target.not_experience"
 
 
 def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
@@ -207,17 +208,17 @@ def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
     modify = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
     vote = op(Kind.VOTE, key=3, clock=3, parents=[modify.cid], target=add.cid, vote=1)
     node = open_ledger(tmp_path / "n")
-    assert [o.status for o in node.ingest([vote.data, modify.data])] == ["pending", "pending"]
-    assert node.missing() == {add.cid}
-    assert node.status(vote.cid) == {"outcome": "pending", "waiting_for": [modify.cid, add.cid]}
-    assert node.experience(add.cid) is None
+    assert [o.outcome for o in node.ingest([vote.data, modify.data])] == ["pending", "pending"]
+    assert node.view().missing() == {add.cid}
+    assert node.view().status(vote.cid) == OpStatus(Outcome.PENDING, waiting_for=(modify.cid, add.cid))
+    assert node.view().experience(add.cid) is None
     node.close()
     node = open_ledger(tmp_path / "n")
-    assert set(node.pending()) == {vote.cid, modify.cid}
-    assert node.submit(add.data).status == "applied"
-    assert node.pending() == [] and node.missing() == set()
-    assert node.experience(add.cid)["version"] == modify.cid and node.experience(add.cid)["up"] == 1
-    assert node.log_size == 3
+    assert set(node.view().pending()) == {vote.cid, modify.cid}
+    assert node.submit(add.data).outcome == "applied"
+    assert node.view().pending() == [] and node.view().missing() == set()
+    assert node.view().experience(add.cid).version == modify.cid and node.view().experience(add.cid).up == 1
+    assert node.view().log_size == 3
     node.close()
 
 
@@ -228,22 +229,22 @@ def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_pa
     incremental = open_ledger(tmp_path / "inc")
     for block in [*ops, *tail]:
         incremental.submit(block.data)
-    before = incremental.library.refolded
+    before = incremental.refolded
     incremental.submit(late.data)
-    assert incremental.library.refolded > before
+    assert incremental.refolded > before
     clean = open_ledger(tmp_path / "clean")
     clean.ingest([late.data] + [b.data for b in [*ops, *tail]])
-    assert incremental.snapshot() == clean.snapshot()
+    assert incremental.view().snapshot() == clean.view().snapshot()
     incremental.close()
     clean.close()
 
 
 def test_duplicates_are_no_ops(ledger):
     add = f.add()
-    assert ledger.submit(add.data).status == "applied"
-    before = (ledger.snapshot(), ledger.state_root(), ledger.log_size)
-    assert [o.status for o in ledger.ingest([add.data, add.data])] == ["duplicate", "duplicate"]
-    assert (ledger.snapshot(), ledger.state_root(), ledger.log_size) == before
+    assert ledger.submit(add.data).outcome == "applied"
+    before = (ledger.view().snapshot(), ledger.view().state_root(), ledger.view().log_size)
+    assert [o.outcome for o in ledger.ingest([add.data, add.data])] == ["duplicate", "duplicate"]
+    assert (ledger.view().snapshot(), ledger.view().state_root(), ledger.view().log_size) == before
 
 
 def test_invalid_operations_are_reported_and_store_nothing(ledger):
@@ -251,9 +252,9 @@ def test_invalid_operations_are_reported_and_store_nothing(ledger):
     bad = bytearray(good.data)
     bad[-1] ^= 1
     outcomes = ledger.ingest([bytes(bad), b"\xff", good.data])
-    assert [o.status for o in outcomes] == ["invalid", "invalid", "applied"]
+    assert [o.outcome for o in outcomes] == ["invalid", "invalid", "applied"]
     assert outcomes[0].errors[0].code == "signature.invalid"
-    assert ledger.log_size == 1
+    assert ledger.view().log_size == 1
 
 
 def test_indexes_by_author_domain_and_target(ledger):
@@ -262,10 +263,10 @@ def test_indexes_by_author_domain_and_target(ledger):
     other = f.add(TEXT_C, f.author(2), domain=("mathematics",))
     vote = op(Kind.VOTE, key=2, clock=2, parents=[geometry.cid], target=geometry.cid, vote=1)
     ledger.ingest([geometry.data, algebra.data, other.data, vote.data])
-    assert set(ledger.live_ids("math")) == {geometry.cid, algebra.cid}
-    assert ledger.live_ids("math.algebra") == [algebra.cid]
-    assert ledger.by_author(f.author(2).did) == [algebra.cid, other.cid, vote.cid]
-    assert ledger.by_target(geometry.cid) == [vote.cid]
+    assert set(ledger.view().live_ids("math")) == {geometry.cid, algebra.cid}
+    assert ledger.view().live_ids("math.algebra") == [algebra.cid]
+    assert ledger.view().by_author(f.author(2).did) == [algebra.cid, other.cid, vote.cid]
+    assert ledger.view().by_target(geometry.cid) == [vote.cid]
 
 
 def _f16(values):

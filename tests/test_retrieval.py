@@ -41,7 +41,7 @@ def seeded(tmp_path):
     blocks = [add(text, domain, i + 1) for i, (text, domain) in enumerate(zip(f.SEED_TEXTS, domains, strict=True))]
     others = [add(e["text"], tuple(e["domain"].split(".")), 10 + i) for i, e in enumerate(OTHERS)]
     outcomes = ledger.ingest([b.data for b in blocks + others])
-    assert {o.status for o in outcomes} == {"applied"}
+    assert {o.outcome for o in outcomes} == {"applied"}
     yield ledger, blocks
     ledger.close()
 
@@ -94,10 +94,10 @@ def test_deleted_merged_and_superseded_versions_are_never_returned(seeded):
         )
     )
     retriever = Retriever(ledger)
-    assert {o.status for o in ledger.ingest([modify.data, delete.data])} == {"applied"}
+    assert {o.outcome for o in ledger.ingest([modify.data, delete.data])} == {"applied"}
     texts = [h.text for h in retriever.retrieve(GEOMETRY_QUERY, k=10, threshold=0.0)]
     assert new_text in texts and f.SEED_TEXTS[0] not in texts and f.SEED_TEXTS[2] not in texts
-    assert ledger.submit(merge.data).status == "applied"
+    assert ledger.submit(merge.data).outcome == "applied"
     ids = {h.id for h in retriever.retrieve(GEOMETRY_QUERY, k=10, threshold=0.0)}
     assert merge.cid in ids and not ids & {geometry.cid, combinatorics.cid, proof.cid}
 
@@ -120,9 +120,9 @@ def test_forged_embeddings_are_void_on_every_node(tmp_path):
     for name in ("a", "b"):
         node = Ledger.open(tmp_path / name, PARAMS)
         outcomes = node.ingest([honest.data, someone_elses.data, random_vector.data, pushed.data])
-        assert [o.status for o in outcomes] == ["applied", "invalid", "invalid", "invalid"]
+        assert [o.outcome for o in outcomes] == ["applied", "invalid", "invalid", "invalid"]
         assert {o.errors[0].code for o in outcomes[1:]} == {"embedding.inconsistent"}
-        assert node.live_ids() == [honest.cid] and node.index.ids() == {honest.cid.raw}
+        assert node.view().live_ids() == [honest.cid] and node.indexed() == {honest.cid.raw}
         node.close()
 
 

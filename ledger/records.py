@@ -1,0 +1,176 @@
+"""Typed records of the node's derived state: what the fold made of operations and experiences.
+
+Each record has one compact stored form (`pack`/`unpack`, local state only) and a JSON form for
+people and the RPC. Statuses are enums, so a misspelt status is an error, not a silent mismatch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ledger import codec
+from ledger.cid import CID
+
+
+class Life(StrEnum):
+    """Where an experience stands in the library."""
+
+    LIVE = "live"
+    DELETED = "deleted"  # final: delete beats modify
+    ALIAS = "alias"  # merged or absorbed into `alias_of`
+
+
+class Outcome(StrEnum):
+    """What the fold made of one operation (docs/PROTOCOL.md §7.4), or why it has not folded it yet."""
+
+    APPLIED = "applied"
+    ABSORBED = "absorbed"  # a near-duplicate add, absorbed into an earlier experience
+    VOID = "void"  # changes nothing; `code` says which rule
+    SUPERSEDED = "superseded"  # an applied modify whose version is no longer visible (`code` says why)
+    PENDING = "pending"  # stored, waiting for dependencies this node does not hold yet
+
+
+@dataclass(frozen=True, slots=True)
+class OpStatus:
+    """The fold's verdict on one operation."""
+
+    outcome: Outcome
+    experience: CID | None = None  # applied: the experience it acted on (or created)
+    into: CID | None = None  # absorbed: the experience that absorbed it
+    code: str | None = None  # void, superseded: the rule
+    reason: str | None = None  # void, superseded: the rule in words
+    waiting_for: tuple[CID, ...] = ()  # pending: the dependencies still missing
+
+    @classmethod
+    def applied(cls, experience: bytes) -> OpStatus:
+        return cls(Outcome.APPLIED, experience=CID(experience))
+
+    @classmethod
+    def void(cls, code: str, reason: str) -> OpStatus:
+        return cls(Outcome.VOID, code=code, reason=reason)
+
+    def pack(self) -> bytes:
+        return codec.pack([self.outcome.value, self.experience, self.into, self.code, self.reason])
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> OpStatus:
+        outcome, experience, into, code, reason = codec.unpack(raw)
+        return cls(Outcome(outcome), experience, into, code, reason)
+
+    def to_json(self) -> dict[str, Any]:
+        view: dict[str, Any] = {"outcome": self.outcome.value}
+        for name in ("experience", "into"):
+            if (value := getattr(self, name)) is not None:
+                view[name] = str(value)
+        if self.code is not None:
+            view["code"], view["reason"] = self.code, self.reason
+        if self.outcome is Outcome.PENDING:
+            view["waiting_for"] = [str(cid) for cid in self.waiting_for]
+        return view
+
+
+@dataclass(slots=True)
+class ExperienceRecord:
+    """One experience as the fold keeps it (docs/PROTOCOL.md §7.3). Mutable: the fold edits a copy."""
+
+    id: CID
+    created_by: str
+    clock: int  # the creating operation's clock: absorption prefers the earliest experience
+    status: Life
+    alias_of: CID | None
+    version: CID  # the operation whose content is visible
+    heads: list[CID]  # the current concurrent modifies; two or more: conflicted
+    domain: str  # of the visible version
+    support: int
+    absorbed: list[CID] = field(default_factory=list)
+    deleted_by: list[CID] = field(default_factory=list)
+    up: int = 0
+    down: int = 0
+
+    @property
+    def live(self) -> bool:
+        return self.status is Life.LIVE
+
+    @property
+    def conflicted(self) -> bool:
+        return len(self.heads) > 1
+
+    def copy(self) -> ExperienceRecord:
+        return ExperienceRecord(
+            self.id,
+            self.created_by,
+            self.clock,
+            self.status,
+            self.alias_of,
+            self.version,
+            list(self.heads),
+            self.domain,
+            self.support,
+            list(self.absorbed),
+            list(self.deleted_by),
+            self.up,
+            self.down,
+        )
+
+    def pack(self) -> bytes:
+        return codec.pack(
+            [
+                self.id,
+                self.created_by,
+                self.clock,
+                self.status.value,
+                self.alias_of,
+                self.version,
+                self.heads,
+                self.domain,
+                self.support,
+                self.absorbed,
+                self.deleted_by,
+                self.up,
+                self.down,
+            ]
+        )
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> ExperienceRecord:
+        fields = codec.unpack(raw)
+        fields[3] = Life(fields[3])
+        return cls(*fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "status": self.status.value,
+            "alias_of": str(self.alias_of) if self.alias_of else None,
+            "version": str(self.version),
+            "heads": [str(head) for head in self.heads],
+            "conflicted": self.conflicted,
+            "domain": self.domain,
+            "support": self.support,
+            "absorbed": [str(cid) for cid in self.absorbed],
+            "deleted_by": [str(cid) for cid in self.deleted_by],
+            "created_by": self.created_by,
+            "clock": self.clock,
+            "votes": {"upvotes": self.up, "downvotes": self.down},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Vote:
+    """The vote of one author that counts for one experience: the latest by (clock, CID)."""
+
+    clock: int
+    cid: CID
+    value: int
+
+    def pack(self) -> bytes:
+        return codec.pack([self.clock, self.cid, self.value])
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> Vote:
+        return cls(*codec.unpack(raw))
+
+    def later_than(self, other: Vote) -> bool:
+        return (self.clock, self.cid.raw) > (other.clock, other.cid.raw)

@@ -1,0 +1,204 @@
+"""Reads of one committed state of a ledger: safe from any thread while the writer ingests, never torn.
+
+A `LedgerView` reads a LevelDB snapshot that the writer published after a commit, so its log
+size, Merkle root, state root, statuses and records all describe the same moment: a tree head
+from a view always matches the log it describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ledger.cid import CID
+from ledger.keys import AuthorKey
+from ledger.library import Library
+from ledger.merkle import MerkleLog, ProofError, TreeHead
+from ledger.ops import Block, Experience, Kind, load_stored
+from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
+from ledger.stateroot import StateRoot
+from ledger.store import (
+    GENERATION,
+    HEAD,
+    LOG_SIZE,
+    PENDING,
+    STATE_ROOT,
+    WAITER,
+    ReadView,
+    block_key,
+    by_author_prefix,
+    cid_of_key,
+    log_key,
+    parse_waiter_key,
+    pending_key,
+    read_u64,
+    seq_key,
+    split_cids,
+)
+
+
+class LedgerView:
+    """Everything a query needs, read from one committed state."""
+
+    def __init__(self, view: ReadView, library: Library, node_key: AuthorKey, max_parents: int) -> None:
+        self._view = view
+        self._library = library
+        self._node_key = node_key
+        self._max_parents = max_parents
+        self.log_size = read_u64(view.get(LOG_SIZE))
+        #: bumped by every committed change to the library
+        self.generation = read_u64(view.get(GENERATION))
+        self.merkle = MerkleLog(view, self.log_size)
+
+    # --- operations ------------------------------------------------------------------------------
+
+    def has(self, cid: CID) -> bool:
+        return self._view.get(block_key(cid.raw)) is not None
+
+    def block(self, cid: CID) -> Block | None:
+        data = self._view.get(block_key(cid.raw))
+        return Block(load_stored(data), data, cid) if data is not None else None
+
+    def status(self, cid: CID) -> OpStatus | None:
+        """What the fold made of an operation; None when this node does not hold it.
+
+        An applied modify is shown as superseded once its experience is deleted (delete beats
+        modify) or a later modify that saw it has replaced it.
+        """
+        pending = self._view.get(pending_key(cid.raw))
+        if pending is not None:
+            return OpStatus(Outcome.PENDING, waiting_for=tuple(CID(raw) for raw in split_cids(pending)))
+        status = self._library.status(self._view, cid.raw)
+        if status is None or status.outcome is not Outcome.APPLIED:
+            return status
+        if self._library.meta(self._view, cid.raw).kind is not Kind.MODIFY:
+            return status
+        assert status.experience is not None
+        record = self.experience(self.resolve(status.experience))
+        assert record is not None
+        if record.status is Life.DELETED:
+            return OpStatus(
+                Outcome.SUPERSEDED, status.experience, code="superseded.deleted", reason="its experience was deleted"
+            )
+        if cid not in record.heads:
+            return OpStatus(
+                Outcome.SUPERSEDED,
+                status.experience,
+                code="superseded.modified",
+                reason="a later modify that saw it replaced it",
+            )
+        return status
+
+    def pending(self) -> list[CID]:
+        return [CID(cid_of_key(key)) for key, _ in self._view.scan(PENDING)]
+
+    def missing(self) -> set[CID]:
+        """CIDs that pending operations depend on and this node has never seen: what sync must fetch."""
+        wanted = {parse_waiter_key(key)[0] for key, _ in self._view.scan(WAITER)}
+        return {CID(raw) for raw in wanted if self._view.get(block_key(raw)) is None}
+
+    def by_author(self, author: str) -> list[CID]:
+        return [CID(value) for _, value in self._view.scan(by_author_prefix(author))]
+
+    def by_target(self, target: CID) -> list[CID]:
+        return [CID(raw) for raw in self._library.naming(self._view, target.raw)]
+
+    def applied_in_order(self) -> list[CID]:
+        return [CID(raw) for raw in self._library.applied_in_order(self._view)]
+
+    # --- building on this state ------------------------------------------------------------------
+
+    def heads(self) -> list[CID]:
+        """Applied operations that no applied operation names as a parent: the frontier of the DAG."""
+        return [CID(cid_of_key(key)) for key, _ in self._view.scan(HEAD)]
+
+    def clock(self, cid: CID) -> int:
+        return self._library.meta(self._view, cid.raw).clock
+
+    def parents_and_clock(self, targets: Sequence[CID] = ()) -> tuple[tuple[CID, ...], int]:
+        """Parents and clock for a new operation on `targets` that takes effect (docs/PROTOCOL.md §7.4).
+
+        The parents are the heads (the target experiences' concurrent modifies first, so a modify
+        made here resolves a conflict), as many as the network allows; the clock exceeds every
+        parent's and target's.
+        """
+        preferred = [head for target in targets if (record := self.experience(target)) for head in record.heads]
+        heads = sorted(self.heads(), key=lambda head: -self.clock(head))
+        parents = list(dict.fromkeys([*preferred, *heads]))[: self._max_parents]
+        clock = 1 + max((self.clock(cid) for cid in [*parents, *targets]), default=0)
+        return tuple(sorted(parents)), clock
+
+    # --- the library -----------------------------------------------------------------------------
+
+    def experience(self, exp_id: CID) -> ExperienceRecord | None:
+        return self._library.record(self._view, exp_id.raw)
+
+    def resolve(self, exp_id: CID) -> CID:
+        """The experience that stands for `exp_id` now (following merges and absorptions)."""
+        return CID(self._library.resolve(self._view, exp_id.raw))
+
+    def content(self, version: CID) -> Experience:
+        """The experience an add, modify or merge carries."""
+        return self._library.content(self._view, version.raw)
+
+    def votes(self, exp_id: CID) -> dict[str, Vote]:
+        return self._library.votes(self._view, exp_id.raw)
+
+    def experiences(self, start: CID | None = None) -> list[ExperienceRecord]:
+        return list(self._library.experiences(self._view, start.raw if start else None))
+
+    def live_ids(self, domain_prefix: str = "") -> list[CID]:
+        """Live experiences whose domain equals `domain_prefix` or lies under it (all when empty)."""
+        if not domain_prefix:
+            return [record.id for record in self._library.experiences(self._view) if record.live]
+        return [
+            CID(raw)
+            for subdomains in (False, True)
+            for raw in self._library.in_domain(self._view, domain_prefix, subdomains=subdomains)
+        ]
+
+    def snapshot(self) -> bytes:
+        return self._library.snapshot(self._view)
+
+    # --- state root, log and proofs ----------------------------------------------------------------
+
+    def state_root(self) -> bytes:
+        return StateRoot(self._view.get(STATE_ROOT)).digest()
+
+    def logged(self, position: int) -> CID:
+        raw = self._view.get(log_key(position)) if 0 <= position < self.log_size else None
+        if raw is None:
+            raise ProofError("proof.leaf", f"position {position} is not in the log (size {self.log_size})")
+        return CID(raw)
+
+    def position(self, cid: CID) -> int | None:
+        raw = self._view.get(seq_key(cid.raw))
+        return read_u64(raw) if raw is not None else None
+
+    def tree_head(self) -> TreeHead:
+        """A freshly signed head for this state's log."""
+        return TreeHead.sign(self.log_size, self.merkle.root(), self._node_key)
+
+    def inclusion_proof(self, cid: CID, size: int | None = None) -> dict[str, Any]:
+        position = self.position(cid)
+        if position is None:
+            raise ProofError("proof.unknown", f"{cid} is not in this node's log")
+        size = self.log_size if size is None else size
+        return {
+            "cid": str(cid),
+            "leaf_index": position,
+            "tree_size": size,
+            "leaf_hash": self.merkle.leaf_hash(position).hex(),
+            "audit_path": [h.hex() for h in self.merkle.inclusion_path(position, size)],
+            "root": self.merkle.root(size).hex(),
+        }
+
+    def consistency_proof(self, old_size: int, new_size: int | None = None) -> dict[str, Any]:
+        new_size = self.log_size if new_size is None else new_size
+        return {
+            "old_size": old_size,
+            "new_size": new_size,
+            "old_root": self.merkle.root(old_size).hex(),
+            "new_root": self.merkle.root(new_size).hex(),
+            "proof": [h.hex() for h in self.merkle.consistency_path(old_size, new_size)],
+        }
