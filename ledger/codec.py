@@ -70,6 +70,8 @@ def _canonical(value: Any, depth: int = 0) -> Any:
     if kind is float:
         if not math.isfinite(value):
             raise EncodeError("codec.float", f"{value} is not allowed (DAG-CBOR forbids NaN and infinities)")
+        if value == 0.0 and math.copysign(1.0, value) < 0:
+            raise EncodeError("codec.negative_zero", "-0.0 is not allowed (a peer that reads it as 0 gets another CID)")
         return value
     if kind is dict:
         for key in value:
@@ -134,6 +136,8 @@ def decode(data: bytes) -> Any:
     except Exception as exc:  # cbor2 raises many types (CBORDecodeError, ValueError, RecursionError, ...)
         if isinstance(exc.__cause__, DecodeError) or isinstance(exc.__context__, DecodeError):
             raise (exc.__cause__ or exc.__context__) from None
+        if "nesting depth" in str(exc):
+            raise DecodeError("codec.depth", f"nesting deeper than {_MAX_DEPTH}") from None
         raise DecodeError("codec.malformed", f"not valid CBOR: {exc}") from None
     try:
         canonical = encode(value)

@@ -17,7 +17,7 @@ dag_scalars = (
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**64), max_value=2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: str(x) != "-0.0")
     | st.text()
     | st.binary()
     | st.binary(min_size=32, max_size=32).map(lambda d: CID.for_block(d))
@@ -76,7 +76,12 @@ def test_floats_are_always_64_bit_and_keys_length_first():
         ("d82a4101", "codec.cid"),  # link without the 0x00 multibase prefix
         ("", "codec.malformed"),
         ("62ff00", "codec.malformed"),  # invalid UTF-8
-        ("81" * 40 + "01", "codec.malformed"),  # nesting too deep
+        ("81" * 40 + "01", "codec.depth"),  # nesting too deep
+        ("81" * 33 + "01", "codec.depth"),  # 33 nested containers: one too many
+        ("fb8000000000000000", "codec.negative_zero"),
+        ("d82a5823" + "00" + "1220" + "11" * 32, "codec.cid"),  # a CIDv0 link (bare sha2-256 multihash)
+        ("d82a5825" + "00" + "015512" + "20" + "11" * 32, "codec.cid"),  # a raw-codec CIDv1 link
+        ("d82a5825" + "00" + "017013" + "20" + "11" * 32, "codec.cid"),  # dag-pb with sha2-512 code
     ],
 )
 def test_non_canonical_and_foreign_forms_are_rejected_with_their_code(hex_bytes, code):
@@ -87,7 +92,13 @@ def test_non_canonical_and_foreign_forms_are_rejected_with_their_code(hex_bytes,
 
 @pytest.mark.parametrize(
     ("value", "code"),
-    [(float("nan"), "codec.float"), (2**64, "codec.int_range"), ({1: 2}, "codec.key_type"), ({1, 2}, "codec.type")],
+    [
+        (float("nan"), "codec.float"),
+        (-0.0, "codec.negative_zero"),
+        (2**64, "codec.int_range"),
+        ({1: 2}, "codec.key_type"),
+        ({1, 2}, "codec.type"),
+    ],
 )
 def test_values_outside_the_data_model_are_not_encoded(value, code):
     with pytest.raises(codec.EncodeError) as caught:
@@ -121,6 +132,16 @@ def test_expanding_and_huge_forms_are_refused_before_they_expand(data):
     with pytest.raises(codec.DecodeError) as caught:
         codec.decode(data)
     assert caught.value.code in ("codec.tag", "codec.malformed")
+
+
+def test_thirty_two_nested_containers_are_the_limit():
+    value = 0
+    for _ in range(32):
+        value = [value]
+    assert codec.decode(codec.encode(value)) == value
+    with pytest.raises(codec.EncodeError) as caught:
+        codec.encode([value])
+    assert caught.value.code == "codec.depth"
 
 
 def test_decode_rejects_non_bytes():
