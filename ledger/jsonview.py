@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +17,8 @@ from ledger.ops import FORMAT_VERSION, Block, Embedding, Example, Experience, Op
 _DERIVED = frozenset({"id", "version", "embedding", "merkle_proof"})
 _DERIVED_METADATA = frozenset({"created_at", "created_by", "votes", "usage_count", "domains_applied"})
 _USER = frozenset({"text", "domain", "confidence", "examples", "metadata"})
+#: UTF-16 surrogate code points: a JSON escape such as "\ud800" can produce one alone, and it is not text
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JsonViewError(LedgerError):
@@ -103,6 +107,40 @@ def operation_json(block: Block) -> dict[str, Any]:
     return view
 
 
+def loads(text: str | bytes, where: str) -> Any:
+    """Parse JSON for a view, refusing a repeated key (which value would count is a guess; Python keeps the last).
+
+    `where` names the input (a flag and file) in the error.
+    """
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys)
+    except JsonViewError as exc:
+        raise JsonViewError(exc.code, f"{where}: {exc.message}") from None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError too
+        raise JsonViewError("json.syntax", f"{where}: not JSON ({type(exc).__name__}: {exc})") from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise JsonViewError("json.duplicate_key", f"key {key[:60]!r} appears twice in one object")
+        found[key] = value
+    return found
+
+
+def _text(value: str, where: str) -> str:
+    """`value` if it is Unicode text; a lone surrogate cannot be stored, signed or embedded."""
+    surrogate = _SURROGATE.search(value)
+    if surrogate:
+        raise JsonViewError(
+            "json.utf8",
+            f"{where}: holds a lone surrogate U+{ord(surrogate.group()):04X} at character {surrogate.start()}, "
+            "which is not Unicode text",
+        )
+    return value
+
+
 def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], path: str = "") -> Any:
     if name not in obj:
         raise JsonViewError("json.missing", f"{path}{name}: required field is missing")
@@ -111,7 +149,7 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], path: 
         isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
     ):
         raise JsonViewError("json.type", f"{path}{name}: has the wrong type ({type(value).__name__})")
-    return value
+    return _text(value, f"{path}{name}") if isinstance(value, str) else value
 
 
 def _unknown(obj: dict[str, Any], allowed: frozenset[str], path: str) -> None:
@@ -133,6 +171,8 @@ def experience_from_json(obj: Any, embedder: Embedder) -> Experience:
     domain = tuple(domain_value.split(".")) if isinstance(domain_value, str) else tuple(domain_value)
     if not all(isinstance(label, str) for label in domain):
         raise JsonViewError("json.type", "domain: labels must be strings")
+    for index, label in enumerate(domain_value if isinstance(domain_value, list) else ()):
+        _text(label, f"domain[{index}]")
     try:
         confidence = float(_field(obj, "confidence", (int, float)))
     except OverflowError:

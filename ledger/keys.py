@@ -19,6 +19,8 @@ _DID_PREFIX = "did:key:z"
 _DID_MAX_LENGTH = 64  # an Ed25519 did:key has 56 characters; refuse long input before decoding it
 _KEY_FILE_TYPE = "ed25519-seed"
 SIGNATURE_LENGTH = 64
+#: a key file holds ~150 bytes of JSON; a larger file is refused unread
+MAX_KEY_FILE_BYTES = 4096
 
 
 class IdentityError(LedgerError):
@@ -104,17 +106,34 @@ class AuthorKey:
 
     @classmethod
     def load(cls, path: Path) -> AuthorKey:
-        """Read a key file; refuse one that group or others can read, or whose did does not match its seed."""
+        """Read a key file; refuse one that group or others can read, or whose did does not match its seed.
+
+        The mode is checked on the open file before anything is read, and at most MAX_KEY_FILE_BYTES + 1
+        bytes are read: a key file is ~150 bytes, so a device or a huge file is refused, not slurped.
+        """
         try:
-            mode = os.stat(path).st_mode
-            text = Path(path).read_text()
+            with open(path, "rb") as handle:
+                mode = os.fstat(handle.fileno()).st_mode
+                if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                    raise IdentityError(
+                        "keyfile.permissions",
+                        f"{path}: mode {stat.S_IMODE(mode):04o} lets others read the key; run chmod 600 {path}",
+                    )
+                data = handle.read(MAX_KEY_FILE_BYTES + 1)
         except OSError as exc:
             raise IdentityError("keyfile.io", f"{path}: cannot read ({exc.strerror})") from None
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        if len(data) > MAX_KEY_FILE_BYTES:
             raise IdentityError(
-                "keyfile.permissions",
-                f"{path}: mode {stat.S_IMODE(mode):04o} lets others read the key; run chmod 600 {path}",
+                "keyfile.format", f"{path}: larger than {MAX_KEY_FILE_BYTES} bytes; not an {_KEY_FILE_TYPE} key file"
             )
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IdentityError(
+                "keyfile.format",
+                f"{path}: not an {_KEY_FILE_TYPE} key file (binary data: byte 0x{data[exc.start]:02x} at {exc.start} "
+                "is not UTF-8 text)",
+            ) from None
         try:
             record = json.loads(text)
             if record["type"] != _KEY_FILE_TYPE:

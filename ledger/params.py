@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -29,6 +30,27 @@ CALIBRATED: dict[str, dict[str, float]] = {
     },
 }
 _CALIBRATED_FIELDS = ("relevance_threshold", "near_duplicate_cosine", "embedding_epsilon")
+
+#: the allowed range of every integer parameter (inclusive). A file from anywhere can set them, so
+#: each is bounded where it would start to cost memory or break storage: an embedding is allocated
+#: per text (8,192 dimensions covers the seeds' 7,680-d model), an operation is read whole (1 MiB),
+#: and parents and merge targets are counted in one byte beside each stored operation (255). A
+#: limit on characters never needs to exceed the largest operation.
+INT_RANGES: dict[str, tuple[int, int]] = {
+    "text_max": (1, 4096),
+    "embedding_dim": (1, 8192),
+    "max_op_bytes": (256, 1 << 20),
+    "max_examples": (1, 64),
+    "max_example_chars": (1, 1 << 20),
+    "max_reason_chars": (1, 1 << 20),
+    "max_source_chars": (1, 1 << 20),
+    "max_parents": (1, 255),
+    "max_merge_targets": (2, 255),
+    "max_domain_depth": (1, 64),
+}
+_MODEL_NAME = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces: it is written into every operation
+#: a parameter file is a few hundred bytes; reading more is refused
+MAX_FILE_BYTES = 64 * 1024
 
 
 class ParamsError(LedgerError):
@@ -61,10 +83,13 @@ class NetworkParams:
     embedding_epsilon: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        if not _MODEL_NAME.fullmatch(self.embedding_model):
+            raise ParamsError(
+                "params.range",
+                f"embedding_model: {self.embedding_model[:40]!r} must be 1 to 128 printable ASCII characters "
+                "without spaces",
+            )
         calibrated = CALIBRATED.get(self.embedding_model, {})
-        for name in ("max_parents", "max_merge_targets"):
-            if not 0 < getattr(self, name) <= 255:  # stored as one byte beside each operation
-                raise ParamsError("params.range", f"{name}: must be between 1 and 255")
         for name in _CALIBRATED_FIELDS:
             if getattr(self, name) is None:
                 if name not in calibrated:
@@ -72,14 +97,37 @@ class NetworkParams:
                         "params.missing", f"{name}: no calibrated default for model {self.embedding_model!r}; set it"
                     )
                 object.__setattr__(self, name, calibrated[name])
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Every other parameter within its bounds, so no file can make a node allocate or accept without limit."""
+        if self.text_unit not in ("words", "tokens"):
+            raise ParamsError("params.range", f"text_unit: {self.text_unit!r} is not 'words' or 'tokens'")
+        for name, (low, high) in INT_RANGES.items():
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ParamsError("params.range", f"{name}: {value} is outside the allowed range {low}..{high}")
+        for name in _CALIBRATED_FIELDS:
+            value = getattr(self, name)
+            if not 0.0 < value < 1.0:  # also refuses NaN
+                raise ParamsError("params.range", f"{name}: {value} is outside the allowed range (0, 1)")
 
     @classmethod
     def from_file(cls, path: Path) -> NetworkParams:
         """Load a JSON parameter file; unknown keys and wrong types are errors, missing keys take defaults."""
         try:
-            raw = json.loads(Path(path).read_text())
-        except (OSError, ValueError, RecursionError) as exc:
+            with open(path, "rb") as handle:
+                data = handle.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise ParamsError("params.file", f"{path}: cannot read network parameters ({exc.strerror})") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise ParamsError("params.file", f"{path}: larger than {MAX_FILE_BYTES} bytes; not a parameter file")
+        try:
+            raw = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        except (ValueError, RecursionError) as exc:
             raise ParamsError("params.file", f"{path}: cannot read network parameters ({exc})") from None
+        except ParamsError as exc:
+            raise ParamsError(exc.code, f"{path}: {exc.message}") from None
         return cls.from_mapping(raw, source=str(path))
 
     @classmethod
@@ -90,15 +138,22 @@ class NetworkParams:
         for name, value in raw.items():
             if name not in fields:
                 raise ParamsError("params.unknown", f"{source}: unknown parameter {name!r}")
-            floats = ("near_duplicate_cosine", "relevance_threshold", "embedding_epsilon")
-            expected = {"text_unit": str, "embedding_model": str, **dict.fromkeys(floats, float)}.get(name, int)
+            expected = {"text_unit": str, "embedding_model": str, **dict.fromkeys(_CALIBRATED_FIELDS, float)}.get(
+                name, int
+            )
             if type(value) is not expected:
                 raise ParamsError("params.type", f"{source}: {name} must be {expected.__name__}")
-            if expected is int and value <= 0:
-                raise ParamsError("params.range", f"{source}: {name} must be positive, got {value}")
-        for name in ("near_duplicate_cosine", "relevance_threshold", "embedding_epsilon"):
-            if name in raw and not 0.0 < raw[name] < 1.0:
-                raise ParamsError("params.range", f"{source}: {name} must be in (0, 1)")
-        if raw.get("text_unit", "words") not in ("words", "tokens"):
-            raise ParamsError("params.range", f"{source}: text_unit must be 'words' or 'tokens'")
-        return cls(**raw)
+        try:
+            return cls(**raw)
+        except ParamsError as exc:
+            raise ParamsError(exc.code, f"{source}: {exc.message}") from None
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A JSON object whose keys are unique: with a repeated key, which value counts would be a guess."""
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            raise ParamsError("params.duplicate", f"parameter {key!r} appears twice")
+        found[key] = value
+    return found

@@ -1,53 +1,209 @@
-"""`expledger`: the command line. Offline tools first: keys, building and inspecting operations."""
+"""`expledger`: the command line. Offline tools first: keys, building and inspecting operations.
+
+Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
+0 success (or a valid operation), 1 an invalid operation, 2 bad arguments or unusable input.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TextIO
 
-from ledger.cid import CID
+from ledger.cid import CID, CIDError
 from ledger.embedder import embedder_for
 from ledger.errors import LedgerError
-from ledger.jsonview import experience_from_json, operation_json
+from ledger.jsonview import experience_from_json, loads, operation_json
 from ledger.keys import AuthorKey
-from ledger.ops import Kind, Operation, sign
+from ledger.ops import Block, Kind, Operation, sign
 from ledger.params import NetworkParams
-from ledger.validation import examine
+from ledger.validation import check_embeddings, examine
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
 
+#: flags that carry text into an operation: argv holds raw bytes, and Python hands bytes that are
+#: not UTF-8 over as lone surrogates (U+DC80-U+DCFF), which no operation can carry
+_TEXT_FLAGS = ("text", "domain", "reason", "source", "example")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_CONTENT_FLAGS = ("json", "text", "domain", "confidence", "example", "source")
+#: the flags each kind takes besides the common ones (--key, --parents, --clock, --created, --out)
+_KIND_FLAGS: dict[Kind, tuple[str, ...]] = {
+    Kind.ADD: _CONTENT_FLAGS,
+    Kind.MODIFY: ("target", *_CONTENT_FLAGS),
+    Kind.DELETE: ("target", "reason"),
+    Kind.MERGE: ("targets", "reason", *_CONTENT_FLAGS),
+    Kind.VOTE: ("target", "value"),
+}
+#: kinds whose CID names an experience, so modify, delete, vote and merge may target them (PROTOCOL §7.4)
+_EXPERIENCE_KINDS = (Kind.ADD, Kind.MERGE)
+#: printable ASCII and whitespace: an operation's first byte (a CBOR map header, 0xa0-0xbf) never is,
+#: so a file of such text can only be hex
+_TEXT_BYTES = re.compile(rb"[\t\n\r\x20-\x7e]*")
 
-class UsageError(Exception):
+
+class UsageError(LedgerError):
     """A command-line argument or input file that cannot be used; exits with status 2."""
 
 
-def _cid_list(text: str | None, flag: str) -> tuple[CID, ...]:
-    """Comma-separated CIDs, returned sorted and unique as operations require."""
-    if not text:
-        return ()
-    return tuple(sorted({CID.parse(part, field=flag) for part in text.split(",") if part.strip()}, key=lambda c: c.raw))
+class _Parser(argparse.ArgumentParser):
+    """argparse reporting its errors like every other error: one line with a code, exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError("args.invalid", message)
 
 
-def _read_json(path: str) -> Any:
+def _emit(text: str, stream: TextIO | None = None) -> None:
+    """Write one line. A reader that stops early (`| head`) ends the output quietly, not the command:
+    the exit status stays the verdict, whether or not the reader had gone before the write."""
+    stream = stream or sys.stdout
     try:
-        return json.loads(Path(path).read_text())
+        stream.write(text + "\n")
+        stream.flush()
+    except BrokenPipeError:
+        # Python's documented recipe: point the stream at /dev/null so the flush at exit cannot fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+
+
+def _read_bounded(path: str, limit: int, where: str) -> bytes:
+    """At most `limit` bytes of a file: one byte more is read to tell a file that is too large, never the rest."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(limit + 1)
     except OSError as exc:
-        raise UsageError(f"--json: cannot read {path} ({exc.strerror})") from None
-    except (ValueError, RecursionError) as exc:
-        raise UsageError(f"--json: {path} is not JSON ({type(exc).__name__}: {exc})") from None
+        raise UsageError("input.read", f"{where}: cannot read ({exc.strerror})") from None
+    if len(data) > limit:
+        raise UsageError("input.size", f"{where}: larger than {limit} bytes; refusing to read it")
+    return data
 
 
-def _experience_fields(args: argparse.Namespace) -> dict[str, Any]:
+def _hex_digits(text: str, where: str) -> bytes:
+    """Hex → bytes, saying why text that looks like hex is refused instead of passing it on as raw bytes."""
+    digits = "".join(text.split())
+    if not digits:
+        raise UsageError("input.empty", f"{where}: is empty")
+    if digits[:2] in ("0x", "0X"):
+        raise UsageError("input.hex", f"{where}: looks like hex with a 0x prefix; give the digits alone, without 0x")
+    not_hex = re.search("[^0-9a-fA-F]", digits)
+    if not_hex:
+        raise UsageError(
+            "input.hex",
+            f"{where}: holds text that is not hex ({not_hex.group()!r} is not a hex digit); "
+            "an operation is raw DAG-CBOR or its hex",
+        )
+    if len(digits) % 2:
+        raise UsageError(
+            "input.hex",
+            f"{where}: looks like hex but has an odd number of digits ({len(digits)}); "
+            "each byte is two digits: is it cut short?",
+        )
+    return bytes.fromhex(digits)
+
+
+def _operation_file(path: str, params: NetworkParams, where: str) -> bytes:
+    """A file holding an operation as raw DAG-CBOR or as hex (whitespace allowed), read with a bound."""
+    limit = 3 * params.max_op_bytes  # hex takes two digits a byte; room for spaces or line breaks
+    data = _read_bounded(path, limit, where)
+    if not data:
+        raise UsageError("input.empty", f"{where}: is empty")
+    if _TEXT_BYTES.fullmatch(data):
+        return _hex_digits(data.decode("ascii"), where)
+    return data
+
+
+def _inspected_bytes(source: str, params: NetworkParams) -> bytes:
+    """`op inspect`'s argument: a file (raw or hex DAG-CBOR), or hex given directly."""
+    if os.path.exists(source):
+        return _operation_file(source, params, source)
+    shown = repr(source[:60])
+    if re.search("[^0-9a-fA-FxX\\s]", source):
+        raise UsageError("input.source", f"{shown} is neither a readable file nor hex")
+    return _hex_digits(source, f"{shown} (no such file, so read as hex)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    """An operation named on the command line, by CID or by its file; from a file its clock and kind are known."""
+
+    cid: CID
+    flag: str
+    name: str
+    clock: int | None = None
+    kind: Kind | None = None
+
+
+def _links(text: str | None, flag: str, params: NetworkParams) -> list[_Link]:
+    """Comma-separated operation files or CIDs. An existing path is read as an operation file."""
+    return [_link(part.strip(), flag, params) for part in (text or "").split(",") if part.strip()]
+
+
+def _link(item: str, flag: str, params: NetworkParams) -> _Link:
+    if os.path.exists(item):
+        where = f"{flag} {item}"
+        block, errors = examine(_operation_file(item, params, where), params)
+        if errors or block is None:
+            raise UsageError("input.operation", f"{where}: not a valid operation ({errors[0]})")
+        return _Link(block.cid, flag, item, block.op.clock, block.op.kind)
+    try:
+        return _Link(CID.parse(item, field=flag), flag, item)
+    except CIDError:
+        raise UsageError("args.link", f"{flag}: {item[:80]!r} is neither an operation file nor a CID") from None
+
+
+def _check_target(link: _Link) -> _Link:
+    if link.kind is not None and link.kind not in _EXPERIENCE_KINDS:
+        raise UsageError(
+            "target.not_experience",
+            f"{link.flag} {link.name}: is a {link.kind}; a target must be an experience, that is an add or a merge "
+            "(anything else makes the operation void)",
+        )
+    return link
+
+
+def _clock(requested: int | None, dependencies: Sequence[_Link]) -> int:
+    """The operation's Lamport clock: an operation counts only if its clock exceeds every parent's and
+    target's (PROTOCOL §7.4), so the default is one more than the highest known, and a clock that is
+    provably too low, or a default that cannot be known, is refused rather than signed void."""
+    rule = "an operation takes effect only if its clock exceeds the clock of every parent and target"
+    if requested is None:
+        unknown = next((link for link in dependencies if link.clock is None), None)
+        if unknown is not None:
+            raise UsageError(
+                "clock.unknown",
+                f"{unknown.flag}: the clock of {unknown.name} is unknown and {rule}; give its operation file "
+                "instead of its CID, or set --clock above its clock",
+            )
+        return 1 + max((link.clock or 0 for link in dependencies), default=0)
+    for link in dependencies:
+        at_least = link.clock if link.clock is not None else 1  # every operation's clock is at least 1
+        if requested <= at_least:
+            code = "clock.parent" if link.flag == "--parents" else "clock.target"
+            known = f"has clock {at_least}" if link.clock is not None else "has a clock of at least 1"
+            raise UsageError(
+                code,
+                f"--clock {requested}: the operation would be void: {rule}, and {link.name} ({link.flag}) {known}; "
+                f"use --clock {at_least + 1} or more, or leave --clock out",
+            )
+    return requested
+
+
+def _experience_fields(args: argparse.Namespace, params: NetworkParams) -> dict[str, Any]:
     """The experience JSON view from --json, overridden by individual flags."""
-    fields: dict[str, Any] = _read_json(args.json) if args.json else {}
-    if not isinstance(fields, dict):
-        raise UsageError("--json: the file must hold one JSON object (an experience)")
+    fields: Any = {}
+    if args.json:
+        where = f"--json {args.json}"
+        fields = loads(_read_bounded(args.json, 8 * params.max_op_bytes, where), where)
+        if not isinstance(fields, dict):
+            raise UsageError("json.type", f"{where}: the file must hold one JSON object (an experience)")
     if args.text is not None:
         fields["text"] = args.text
     if args.domain is not None:
@@ -55,10 +211,7 @@ def _experience_fields(args: argparse.Namespace) -> dict[str, Any]:
     if args.confidence is not None:
         fields["confidence"] = args.confidence
     if args.example:
-        try:
-            fields["examples"] = [json.loads(item) for item in args.example]
-        except ValueError as exc:
-            raise UsageError(f"--example: not JSON ({exc})") from None
+        fields["examples"] = [loads(item, f"--example {item[:40]!r}") for item in args.example]
     if args.source is not None:
         fields.setdefault("metadata", {})["source"] = args.source
     return fields
@@ -67,36 +220,71 @@ def _experience_fields(args: argparse.Namespace) -> dict[str, Any]:
 def _require_flag(args: argparse.Namespace, name: str, kind: Kind) -> Any:
     value = getattr(args, name)
     if value is None:
-        raise UsageError(f"op new {kind}: --{name} is required")
+        raise UsageError("args.missing", f"op new {kind}: --{name} is required")
     return value
+
+
+def _refuse_foreign_flags(args: argparse.Namespace, kind: Kind) -> None:
+    """A flag that does not apply to the kind would be silently dropped: refuse it instead."""
+    allowed = _KIND_FLAGS[kind]
+    for name in dict.fromkeys(flag for flags in _KIND_FLAGS.values() for flag in flags):
+        if name not in allowed and getattr(args, name) is not None:
+            takes = ", ".join(f"--{flag}" for flag in allowed)
+            raise UsageError(
+                "args.not_applicable", f"op new {kind}: --{name} does not apply to a {kind} (it takes {takes})"
+            )
+
+
+def _refuse_non_utf8(args: argparse.Namespace) -> None:
+    for name in _TEXT_FLAGS:
+        value = getattr(args, name, None)
+        for text in value if isinstance(value, list) else [value]:
+            found = _SURROGATE.search(text) if isinstance(text, str) else None
+            if found:
+                point = ord(found.group())
+                what = (
+                    f"the byte 0x{point - 0xDC00:02x}, which is not UTF-8"
+                    if 0xDC80 <= point <= 0xDCFF
+                    else f"a lone surrogate U+{point:04X}"
+                )
+                raise UsageError(
+                    "args.encoding", f"--{name}: holds {what} (character {found.start()}); give UTF-8 text"
+                )
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
     key = AuthorKey.generate()
     key.save(Path(args.out))
-    print(key.did)
+    _emit(key.did)
     return 0
 
 
 def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
     kind = Kind(args.kind)
+    _refuse_foreign_flags(args, kind)
     key = AuthorKey.load(Path(args.key))
     fields: dict[str, Any] = {}
-    if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
-        fields["content"] = experience_from_json(_experience_fields(args), embedder_for(params))
+    targets: list[_Link] = []
     if kind in (Kind.MODIFY, Kind.DELETE, Kind.VOTE):
-        fields["target"] = CID.parse(_require_flag(args, "target", kind), field="--target")
+        targets = [_check_target(_link(_require_flag(args, "target", kind), "--target", params))]
+        fields["target"] = targets[0].cid
     if kind is Kind.MERGE:
-        fields["targets"] = _cid_list(_require_flag(args, "targets", kind), "--targets")
+        targets = [_check_target(link) for link in _links(_require_flag(args, "targets", kind), "--targets", params)]
+        fields["targets"] = tuple(sorted({link.cid for link in targets}))
     if kind in (Kind.DELETE, Kind.MERGE):
         fields["reason"] = _require_flag(args, "reason", kind)
     if kind is Kind.VOTE:
         fields["vote"] = _require_flag(args, "value", kind)
+    parents = _links(args.parents, "--parents", params)
+    clock = _clock(args.clock, [*targets, *parents])
+    if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
+        fields["content"] = experience_from_json(_experience_fields(args, params), embedder_for(params))
+    seen = [link.cid for link in parents] + [link.cid for link in targets if link.kind is not None]
     op = Operation(
         kind=kind,
         author=key.did,
-        clock=args.clock,
-        parents=_cid_list(args.parents, "--parents"),
+        clock=clock,
+        parents=tuple(sorted(set(seen))),  # a target read from its file has been seen: it is a parent too
         created=args.created if args.created is not None else int(time.time()),
         **fields,
     )
@@ -104,48 +292,57 @@ def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
     _, errors = examine(block.data, params)
     if errors:
         for error in errors:
-            print(f"invalid: {error.code}: {error.message}", file=sys.stderr)
+            _emit(f"invalid: {error.code}: {error.message}", sys.stderr)
         return EXIT_INVALID
     if args.out:
-        Path(args.out).write_bytes(block.data)
+        try:
+            Path(args.out).write_bytes(block.data)
+        except OSError as exc:
+            raise UsageError("output.write", f"--out {args.out}: cannot write ({exc.strerror})") from None
     else:
-        print(block.data.hex())
-    print(block.cid, file=sys.stderr)
+        _emit(block.data.hex())
+    _emit(str(block.cid), sys.stderr)
     return 0
 
 
-def _read_operation_bytes(source: str) -> bytes:
-    """A file holding raw DAG-CBOR or hex, or hex given directly."""
+def _embedding_check(block: Block | None, errors: list[LedgerError], params: NetworkParams) -> str:
+    """Run the embedding-consistency check a node runs at ingest (PROTOCOL §6.1) and say what it found;
+    it needs the network's model, so it can also say that it did not run and why."""
+    if block is None:
+        return "not run: the bytes are not an operation"
+    if block.op.content is None:
+        return f"not applicable: a {block.op.kind} carries no experience"
+    if any(error.code.startswith("embedding.") for error in errors):
+        return "not run: the embedding itself is malformed"
     try:
-        data = Path(source).read_bytes()
-    except OSError:
-        data = None  # not a readable file (or a name too long to be one): try it as hex
-    if data is not None:
-        try:
-            return bytes.fromhex(data.decode("ascii").strip())
-        except (UnicodeDecodeError, ValueError):
-            return data
-    try:
-        return bytes.fromhex(source.strip())
-    except ValueError:
-        raise UsageError(f"{source[:60]!r} is neither a readable file nor hex") from None
+        embedder = embedder_for(params)
+    except LedgerError as exc:
+        _emit(f"expledger: warning: {exc.code}: {exc.message}; the embedding-consistency check did not run", sys.stderr)
+        return f"not run: {exc.code}: {exc.message}"
+    inconsistent = check_embeddings([block], embedder, params).get(block.cid.raw)
+    if inconsistent is None:
+        return "passed"
+    errors.append(inconsistent)
+    return "failed"
 
 
 def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
-    data = _read_operation_bytes(args.source)
+    data = _inspected_bytes(args.source, params)
     expected = CID.parse(args.cid, field="--cid") if args.cid else None
     block, errors = examine(data, params, expected)
+    embedding_check = _embedding_check(block, errors, params)
     report = {
         "cid": str(block.cid if block else CID.for_block(data)),
         "bytes": len(data),
         "valid": not errors,
         "errors": [{"code": error.code, "message": error.message} for error in errors],
+        "embedding_check": embedding_check,
         "operation": operation_json(block) if block else None,
     }
     embedding = (report["operation"] or {}).get("content", {}).get("embedding")
     if embedding and not args.embedding:
         embedding["values"] = f"{len(embedding['values'])} float16 values (--embedding shows them)"
-    print(json.dumps(report, indent=2, ensure_ascii=False))
+    _emit(json.dumps(report, indent=2, ensure_ascii=False))
     return 0 if not errors else EXIT_INVALID
 
 
@@ -163,7 +360,7 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not an integer") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}")
         return value
@@ -172,7 +369,7 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="expledger", description="Experience Ledger: a signed, shared library of reasoning experiences."
     )
     parser.add_argument(
@@ -186,7 +383,13 @@ def build_parser() -> argparse.ArgumentParser:
     op = commands.add_parser("op", help="build, sign and inspect operations offline")
     op_commands = op.add_subparsers(dest="op_command", required=True)
 
-    new = op_commands.add_parser("new", help="build and sign an operation; prints its DAG-CBOR as hex (CID on stderr)")
+    new = op_commands.add_parser(
+        "new",
+        help="build and sign an operation; prints its DAG-CBOR as hex (CID on stderr)",
+        description="Operations are named by their file (raw or hex DAG-CBOR, as --out writes it) or by CID. "
+        "The clock defaults to one more than the highest clock among the parents and targets given as files; "
+        "a target read from its file is also a parent.",
+    )
     new.add_argument("kind", choices=[kind.value for kind in Kind])
     new.add_argument("--key", required=True, metavar="FILE", help="author key file from `expledger keygen`")
     new.add_argument(
@@ -201,16 +404,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--example", action="append", metavar="JSON", help='{"input": …, "output": …, "correct": true}; repeatable'
     )
     new.add_argument("--source", help="provenance, e.g. a training run name")
-    new.add_argument("--target", metavar="CID", help="experience to modify, delete or vote on")
-    new.add_argument("--targets", metavar="CID,CID,…", help="experiences a merge combines")
+    new.add_argument("--target", metavar="FILE|CID", help="experience (add or merge) to modify, delete or vote on")
+    new.add_argument("--targets", metavar="FILE|CID,…", help="experiences a merge combines")
     new.add_argument("--reason", help="why (delete and merge)")
     new.add_argument("--value", type=_vote_value, help="vote: +1 or -1")
-    new.add_argument("--parents", metavar="CID,CID,…", help="heads the author had seen (default: none)")
-    new.add_argument("--clock", type=_int_at_least(1), default=1, help="Lamport clock (default: 1)")
+    new.add_argument("--parents", metavar="FILE|CID,…", help="operations the author had seen (default: none)")
+    new.add_argument(
+        "--clock",
+        type=_int_at_least(1),
+        help="Lamport clock (default: 1 + the highest clock of the parents and targets given as files)",
+    )
     new.add_argument("--created", type=_int_at_least(0), help="creation time, Unix seconds (default: now)")
     new.add_argument("--out", metavar="FILE", help="write raw DAG-CBOR bytes here instead of hex to stdout")
 
-    inspect_cmd = op_commands.add_parser("inspect", help="decode and validate an operation; exit 0 only if valid")
+    inspect_cmd = op_commands.add_parser(
+        "inspect", help="decode and validate an operation, its embedding included; exit 0 only if valid"
+    )
     inspect_cmd.add_argument("source", metavar="FILE|HEX", help="a file with raw or hex DAG-CBOR, or hex")
     inspect_cmd.add_argument("--cid", help="the CID the operation is claimed to have")
     inspect_cmd.add_argument("--embedding", action="store_true", help="print every embedding value")
@@ -218,23 +427,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
+        _refuse_non_utf8(args)
         params = NetworkParams.from_file(Path(args.network)) if args.network else NetworkParams()
         if args.command == "keygen":
             return cmd_keygen(args)
         if args.op_command == "new":
             return cmd_op_new(args, params)
         return cmd_op_inspect(args, params)
-    except UsageError as exc:
-        print(f"expledger: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
     except LedgerError as exc:
-        print(f"expledger: error: {exc.code}: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
-    except (OSError, ValueError, RecursionError) as exc:  # unusable paths or input the checks above let through
-        print(f"expledger: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
         return EXIT_USAGE
 
 

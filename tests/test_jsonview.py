@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.jsonview import JsonViewError, experience_from_json, experience_json, operation_json
+from ledger.jsonview import JsonViewError, experience_from_json, experience_json, loads, operation_json
 from ledger.ops import Kind, Operation
 from tests import factories as f
 
@@ -118,3 +118,50 @@ def test_only_experience_operations_have_an_experience_view():
     delete = f.signed(Operation(Kind.DELETE, "", 1, (), 0, target=f.add().cid, reason="r"))
     with pytest.raises(ValueError):
         experience_json(delete.cid, delete.op)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"text": "When a\ud800, b."}, "text"),
+        ({"domain": "math.\udc80"}, "domain"),
+        ({"domain": ["math", "geo\udfff"]}, "domain[1]"),
+        ({"examples": [{"input": "\ud83d", "output": "b", "correct": True}]}, "examples[0].input"),
+        ({"metadata": {"source": "run\udcff"}}, "metadata.source"),
+    ],
+)
+def test_a_lone_surrogate_is_refused_naming_the_field(change, field):
+    """JSON escapes can spell a lone surrogate ("\\ud800"); no operation can carry one (it has no UTF-8 form)."""
+    with pytest.raises(JsonViewError) as caught:
+        experience_from_json(dict(SEED_VIEW, **change), f.EMBEDDER)
+    assert caught.value.code == "json.utf8"
+    assert caught.value.message.startswith(f"{field}: holds a lone surrogate U+")
+
+
+def test_a_surrogate_from_parsed_json_is_refused():
+    view = loads('{"text": "When a\\ud800, b.", "domain": "math", "confidence": 0.5}', "view.json")
+    with pytest.raises(JsonViewError) as caught:
+        experience_from_json(view, f.EMBEDDER)
+    assert (caught.value.code, caught.value.message[:5]) == ("json.utf8", "text:")
+
+
+def test_a_surrogate_pair_is_ordinary_text():
+    view = loads('{"text": "When a \\ud83d\\ude00 appears, smile.", "domain": "math", "confidence": 0.5}', "view")
+    assert experience_from_json(view, f.EMBEDDER).text == "When a \U0001f600 appears, smile."
+
+
+@pytest.mark.parametrize(
+    ("text", "code", "needle"),
+    [
+        ('{"text": "a", "text": "b"}', "json.duplicate_key", "'text' appears twice"),
+        ('{"examples": [{"correct": true, "correct": false}]}', "json.duplicate_key", "'correct' appears twice"),
+        ("{", "json.syntax", "not JSON"),
+        (b"\xff{}", "json.syntax", "not JSON"),
+        ("[" * 100_000, "json.syntax", "not JSON"),
+    ],
+)
+def test_loads_refuses_what_json_leaves_ambiguous_or_broken(text, code, needle):
+    with pytest.raises(JsonViewError) as caught:
+        loads(text, "--json view.json")
+    assert caught.value.code == code
+    assert caught.value.message.startswith("--json view.json: ") and needle in caught.value.message

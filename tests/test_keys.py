@@ -3,11 +3,19 @@
 import json
 import os
 import stat
+from pathlib import Path
 
 import pytest
 from multiformats import multibase
 
-from ledger.keys import AuthorKey, IdentityError, did_from_public_key, public_key_from_did, verify_signature
+from ledger.keys import (
+    MAX_KEY_FILE_BYTES,
+    AuthorKey,
+    IdentityError,
+    did_from_public_key,
+    public_key_from_did,
+    verify_signature,
+)
 
 
 def test_did_key_is_multicodec_ed25519_in_base58btc():
@@ -104,3 +112,35 @@ def test_missing_key_file_is_an_io_error(tmp_path):
     with pytest.raises(IdentityError) as caught:
         AuthorKey.load(tmp_path / "absent.key")
     assert caught.value.code == "keyfile.io"
+
+
+def _private_file(path, content: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, content)
+    os.close(fd)
+
+
+def test_a_binary_key_file_is_refused_by_name(tmp_path):
+    path = tmp_path / "author.key"
+    _private_file(path, b'{"type": "ed25519-seed", "seed": "\xff\xfe"}')
+    with pytest.raises(IdentityError) as caught:
+        AuthorKey.load(path)
+    assert caught.value.code == "keyfile.format"
+    assert str(path) in caught.value.message and "0xff" in caught.value.message
+
+
+def test_a_huge_key_file_is_refused_after_a_bounded_read(tmp_path):
+    """A sparse 64 GiB file: reading it whole would need 64 GiB of memory; the load reads MAX_KEY_FILE_BYTES + 1."""
+    path = tmp_path / "author.key"
+    _private_file(path, b"")
+    os.truncate(path, 64 << 30)
+    with pytest.raises(IdentityError) as caught:
+        AuthorKey.load(path)
+    assert caught.value.code == "keyfile.format"
+    assert f"larger than {MAX_KEY_FILE_BYTES} bytes" in caught.value.message and str(path) in caught.value.message
+
+
+def test_a_shared_device_is_refused_before_it_is_read():
+    with pytest.raises(IdentityError) as caught:
+        AuthorKey.load(Path("/dev/zero"))
+    assert caught.value.code == "keyfile.permissions"
