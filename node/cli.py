@@ -183,16 +183,17 @@ def _clock(requested: int | None, dependencies: Sequence[_Link]) -> int:
                 "instead of its CID, or set --clock above its clock",
             )
         return 1 + max((link.clock or 0 for link in dependencies), default=0)
-    for link in dependencies:
-        at_least = link.clock if link.clock is not None else 1  # every operation's clock is at least 1
-        if requested <= at_least:
-            code = "clock.parent" if link.flag == "--parents" else "clock.target"
-            known = f"has clock {at_least}" if link.clock is not None else "has a clock of at least 1"
-            raise UsageError(
-                code,
-                f"--clock {requested}: the operation would be void: {rule}, and {link.name} ({link.flag}) {known}; "
-                f"use --clock {at_least + 1} or more, or leave --clock out",
-            )
+    if not dependencies:
+        return requested
+    highest = max(dependencies, key=lambda link: link.clock or 1)  # every operation's clock is at least 1
+    at_least = highest.clock or 1
+    if requested <= at_least:
+        known = f"has clock {at_least}" if highest.clock is not None else "has a clock of at least 1"
+        raise UsageError(
+            "clock.parent" if highest.flag == "--parents" else "clock.target",
+            f"--clock {requested}: the operation would be void: {rule}, and {highest.name} ({highest.flag}) {known}; "
+            f"use --clock {at_least + 1} or more, or leave --clock out",
+        )
     return requested
 
 
@@ -305,32 +306,35 @@ def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
     return 0
 
 
-def _embedding_check(block: Block | None, errors: list[LedgerError], params: NetworkParams) -> str:
-    """Run the embedding-consistency check a node runs at ingest (PROTOCOL §6.1) and say what it found;
-    it needs the network's model, so it can also say that it did not run and why."""
+def _embedding_check(
+    block: Block | None, errors: list[LedgerError], params: NetworkParams
+) -> tuple[str, LedgerError | None]:
+    """The embedding-consistency check a node runs at ingest (PROTOCOL §6.1): what it found, and its error.
+
+    It needs the network's model, so it may also have to say that it did not run, and why.
+    """
     if block is None:
-        return "not run: the bytes are not an operation"
+        return "not run: the bytes are not an operation", None
     if block.op.content is None:
-        return f"not applicable: a {block.op.kind} carries no experience"
+        return f"not applicable: a {block.op.kind} carries no experience", None
     if any(error.code.startswith("embedding.") for error in errors):
-        return "not run: the embedding itself is malformed"
+        return "not run: the embedding itself is malformed", None
     try:
         embedder = embedder_for(params)
     except LedgerError as exc:
         _emit(f"expledger: warning: {exc.code}: {exc.message}; the embedding-consistency check did not run", sys.stderr)
-        return f"not run: {exc.code}: {exc.message}"
+        return f"not run: {exc.code}: {exc.message}", None
     inconsistent = check_embeddings([block], embedder, params).get(block.cid.raw)
-    if inconsistent is None:
-        return "passed"
-    errors.append(inconsistent)
-    return "failed"
+    return ("passed", None) if inconsistent is None else ("failed", inconsistent)
 
 
 def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
     data = _inspected_bytes(args.source, params)
     expected = CID.parse(args.cid, field="--cid") if args.cid else None
     block, errors = examine(data, params, expected)
-    embedding_check = _embedding_check(block, errors, params)
+    embedding_check, inconsistent = _embedding_check(block, errors, params)
+    if inconsistent is not None:
+        errors.append(inconsistent)
     report = {
         "cid": str(block.cid if block else CID.for_block(data)),
         "bytes": len(data),

@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -245,32 +246,42 @@ def test_a_target_that_is_not_an_experience_is_refused(key, tmp_path):
     assert result.returncode == 2 and "target.not_experience" in result.stderr and "is a vote" in result.stderr
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     target_clock=st.integers(1, 2**62),
     parent_clocks=st.lists(st.integers(1, 2**62), max_size=4),
+    explicit=st.one_of(st.none(), st.integers(-3, 2)),
 )
-def test_a_derived_clock_exceeds_every_known_parent_and_target(
-    key, hashing_network, tmp_path, target_clock, parent_clocks
+def test_a_clock_exceeds_every_known_parent_and_target_or_is_refused(
+    key, hashing_network, tmp_path, target_clock, parent_clocks, explicit
 ):
-    """In-process (hypothesis runs many examples): operations from the factories at random clocks, given as files."""
+    """In-process (hypothesis runs many examples): operations from the factories at random clocks, given as
+    files; the clock is derived, or given as the highest known clock plus `explicit` (refused unless above it)."""
     target = f.signed(f.operation(Kind.ADD, clock=target_clock, content=f.content()))
     parents = [
         f.signed(f.operation(Kind.DELETE, clock=clock, target=target.cid, reason=f"r{i}"))
         for i, clock in enumerate(parent_clocks)
     ]
+    highest = max([target_clock, *parent_clocks])
     files = []
     for index, block in enumerate([target, *parents]):
         path = tmp_path / f"{target_clock}-{index}.cbor"
         path.write_bytes(block.data)
         files.append(str(path))
     out = tmp_path / f"{target_clock}-vote.cbor"
+    out.unlink(missing_ok=True)
     argv = ["--network", str(hashing_network), "op", "new", "vote", "--key", str(key), "--target", files[0]]
     argv += ["--value", "up", "--out", str(out), *(["--parents", ",".join(files[1:])] if parents else [])]
+    requested = None if explicit is None else max(1, highest + explicit)
     with contextlib.redirect_stderr(io.StringIO()) as errors:
-        assert main(argv) == 0, errors.getvalue()
+        status = main([*argv, *([] if requested is None else ["--clock", str(requested)])])
+    if requested is not None and requested <= highest:
+        assert status == 2 and not out.exists()
+        assert f"use --clock {highest + 1} or more" in errors.getvalue()
+        return
+    assert status == 0, errors.getvalue()
     vote = op_of(out)
-    assert vote.clock == 1 + max([target_clock, *parent_clocks])
+    assert vote.clock == (highest + 1 if requested is None else requested)
     assert set(vote.parents) == {target.cid, *(block.cid for block in parents)}
 
 
@@ -311,6 +322,23 @@ def test_inspect_runs_the_embedding_consistency_check_that_ingest_runs(key, tmp_
     vote_hex, _ = new(key, "vote", "--target", str(honest.cid), "--value", "+1", "--clock", "2")
     code, report = inspect(vote_hex)
     assert code == 0 and report["embedding_check"].startswith("not applicable")
+
+
+def test_inspect_says_so_when_it_cannot_run_the_embedding_check(tmp_path):
+    """A network pinning a model this machine lacks: the rules pass, and the report says what was not checked."""
+    model, dim = "zen-reranker-7680", 7680
+    network = tmp_path / "zen.json"
+    calibrated = {"relevance_threshold": 0.6, "near_duplicate_cosine": 0.9, "embedding_epsilon": 0.002}
+    network.write_text(json.dumps({"embedding_model": model, "embedding_dim": dim, **calibrated}))
+    values = pack_float16(np.full(dim, 1 / np.sqrt(dim), dtype=np.float32))
+    content = replace(f.content(), embedding=Embedding(model, dim, values))
+    path = tmp_path / "zen.cbor"
+    path.write_bytes(f.signed(f.operation(Kind.ADD, content=content)).data)
+    result = run("--network", str(network), "op", "inspect", str(path))
+    report = json.loads(result.stdout)
+    assert result.returncode == 0 and report["valid"] and report["errors"] == []
+    assert report["embedding_check"].startswith("not run: embedder.unavailable")
+    assert "warning: embedder.unavailable" in result.stderr and "did not run" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ import pytest
 
 from ledger.ledger import Ledger
 from ledger.ops import Kind, decode_block
+from ledger.records import Life, Outcome
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 NOT_RUN = {"scripts/test.sh", "source .venv/bin/activate"}
@@ -59,20 +60,21 @@ def test_every_quickstart_operation_takes_effect(quickstart, tmp_path):
     assert kinds == sorted([Kind.ADD, Kind.ADD, Kind.VOTE, Kind.MERGE])
     ledger = Ledger.open(tmp_path / "node")
     try:
-        outcomes = ledger.ingest([block.data for block in blocks.values()])
-        assert [outcome.status for outcome in outcomes] == ["applied"] * len(blocks)
+        receipts = ledger.ingest([block.data for block in blocks.values()])
+        assert [receipt.outcome for receipt in receipts] == ["applied"] * len(blocks)
+        view = ledger.view()
         for name, block in blocks.items():
-            assert ledger.status(block.cid)["outcome"] == "applied", name
+            assert view.status(block.cid).outcome is Outcome.APPLIED, name
         (vote,) = (block for block in blocks.values() if block.op.kind is Kind.VOTE)
         (merge,) = (block for block in blocks.values() if block.op.kind is Kind.MERGE)
-        voted = ledger.experience(vote.op.target)
-        assert (voted["up"], voted["down"]) == (1, 0)  # the vote is counted
+        voted = view.experience(vote.op.target)
+        assert (voted.up, voted.down) == (1, 0)  # the vote is counted
         for source in merge.op.targets:  # the merge applied: its sources are aliases of the merged experience
-            assert ledger.experience(source)["status"] == "alias"
-            assert ledger.resolve(source) == merge.cid
-        merged = ledger.experience(merge.cid)
-        assert merged["status"] == "live" and merged["up"] == 1  # and the vote counts for it
-        assert sorted(merged["absorbed"]) == sorted(merge.op.targets)
+            assert view.experience(source).status is Life.ALIAS
+            assert view.resolve(source) == merge.cid
+        merged = view.experience(merge.cid)
+        assert merged.status is Life.LIVE and merged.up == 1  # and the vote counts for it
+        assert sorted(merged.absorbed) == sorted(merge.op.targets)
     finally:
         ledger.close()
 
