@@ -67,8 +67,9 @@ def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Bloc
         if rng.random() < 0.05:
             clock = max(1, clock - 1)  # a dishonest or buggy clock
         block = f.signed(f.operation(kind, clock=clock, parents=tuple(parents), **fields), key)
+        repeated = block.cid in clocks  # the same fields can come up twice: the same operation
         clocks[block.cid] = clock
         blocks.append(block)
-        if kind in (Kind.ADD, Kind.MERGE):
-            creators.append(block)
+        if kind in (Kind.ADD, Kind.MERGE) and not repeated:
+            creators.append(block)  # unique, so a merge never names one experience twice
     return blocks
