@@ -197,6 +197,27 @@ def _clock(requested: int | None, dependencies: Sequence[_Link]) -> int:
     return requested
 
 
+def _from_ledger(path: Path, params: NetworkParams, targets: list[_Link]) -> tuple[list[_Link], list[_Link]]:
+    """Targets with the clocks a node's data directory knows, and its heads as parents: an operation
+    built on everything that node holds takes effect there (and resolves a conflict it sees)."""
+    from ledger.ledger import DB_DIR, Ledger  # opening a ledger loads the model and the index: only when asked
+
+    if not (path / DB_DIR).is_dir():
+        raise UsageError("args.ledger", f"--ledger {path}: not a node's data directory (no {DB_DIR} in it)")
+    ledger = Ledger.open(path, params)
+    try:
+        view = ledger.view()
+        known = []
+        for link in targets:
+            block = view.block(link.cid)
+            known.append(_Link(link.cid, link.flag, link.name, block.op.clock, block.op.kind) if block else link)
+        parents, _ = view.parents_and_clock([link.cid for link in known])
+        heads = [_Link(cid, "--ledger", f"head {cid}", view.clock(cid)) for cid in parents]
+        return [_check_target(link) for link in known], heads
+    finally:
+        ledger.close()
+
+
 def _experience_fields(args: argparse.Namespace, params: NetworkParams) -> dict[str, Any]:
     """The experience JSON view from --json, overridden by individual flags."""
     fields: Any = {}
@@ -277,6 +298,9 @@ def cmd_op_new(args: argparse.Namespace, params: NetworkParams) -> int:
     if kind is Kind.VOTE:
         fields["vote"] = _require_flag(args, "value", kind)
     parents = _links(args.parents, "--parents", params)
+    if args.ledger:
+        targets, heads = _from_ledger(Path(args.ledger), params, targets)
+        parents = [*parents, *heads]
     clock = _clock(args.clock, [*targets, *parents])
     if kind in (Kind.ADD, Kind.MODIFY, Kind.MERGE):
         fields["content"] = experience_from_json(_experience_fields(args, params), embedder_for(params))
@@ -413,6 +437,12 @@ def build_parser() -> argparse.ArgumentParser:
     new.add_argument("--reason", help="why (delete and merge)")
     new.add_argument("--value", type=_vote_value, help="vote: +1 or -1")
     new.add_argument("--parents", metavar="FILE|CID,…", help="operations the author had seen (default: none)")
+    new.add_argument(
+        "--ledger",
+        metavar="DIR",
+        help="a node's data directory (not in use by a running node): its heads become parents, and targets "
+        "named by CID get their clocks from it",
+    )
     new.add_argument(
         "--clock",
         type=_int_at_least(1),

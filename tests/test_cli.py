@@ -642,3 +642,30 @@ def test_a_network_file_cannot_ask_for_unbounded_resources(key, tmp_path, conten
     assert result.returncode == 2 and ONE_ERROR_LINE.fullmatch(result.stderr), result.stderr
     name = next(iter(content.keys() - {"embedding_model"}))
     assert f"params.range: {params}: {name}: " in result.stderr and "outside the allowed range" in result.stderr
+
+
+def test_op_new_builds_on_a_data_directorys_heads_and_resolves_its_conflict(key, tmp_path, hashing_network):
+    from ledger.ledger import Ledger
+
+    add = f.add()
+    concurrent = [
+        f.signed(f.operation(Kind.MODIFY, clock=2, parents=(add.cid,), target=add.cid, content=f.content(text)), k)
+        for text, k in ((f.SEED_TEXTS[1], f.author(2)), (f.SEED_TEXTS[2], f.author(3)))
+    ]
+    node = Ledger.open(tmp_path / "node", f.PARAMS)
+    node.ingest([add.data, *(block.data for block in concurrent)])
+    assert node.view().experience(add.cid).conflicted
+    node.close()
+    text = "When two versions of an insight disagree, keep the one that names its bounds."
+    args = ["--network", str(hashing_network), "op", "new", "modify", "--key", str(key), "--target", str(add.cid)]
+    result = run(*args, "--ledger", str(tmp_path / "node"), "--text", text, "--domain", "math", "--confidence", "0.7")
+    assert result.returncode == 0, result.stderr
+    resolving = decode_block(bytes.fromhex(result.stdout.strip()))
+    assert set(resolving.op.parents) >= {block.cid for block in concurrent} and resolving.op.clock == 3
+    node = Ledger.open(tmp_path / "node", f.PARAMS)
+    assert node.submit(resolving.data).outcome == "applied"
+    record = node.view().experience(add.cid)
+    assert not record.conflicted and record.version == resolving.cid
+    node.close()
+    missing = run(*args, "--ledger", str(tmp_path / "nowhere"), "--text", text, "--domain", "math", "--confidence", "1")
+    assert missing.returncode == 2 and "args.ledger" in missing.stderr
