@@ -80,7 +80,7 @@ class Ledger:
         self.library = Library(store, params)
         self._state_root = StateRoot(store.get(_STATE_ROOT))
         self._check_recent(_RECENT_CHECK)
-        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
+        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim, node_key.did)
         self._index_pending: set[bytes] = set()  # experiences changed since the index last caught up
         why = self._index.load(self.generation)
         #: "loaded", or why the saved index could not be used and was rebuilt
