@@ -44,6 +44,13 @@ _SHORTLIST_MARGIN = 1e-4
 _BATCH = 1000  # vectors per usearch call during a rebuild, between progress reports
 
 
+def hnsw(dim: int) -> Index:
+    """An empty usearch index with the ledger's parameters (also the benchmark's baseline)."""
+    # expansion_add 64 (default 128) halves the cost of keeping the index in step with ingest;
+    # recall@5 stays >= 0.99 on experience-like text at 100k (bench/bench_index.py)
+    return Index(ndim=dim, metric="cos", dtype="f16", connectivity=16, expansion_add=64, expansion_search=64)
+
+
 class ExperienceIndex:
     """usearch HNSW index whose keys map back to experience ids, with exact search for small libraries.
 
@@ -62,16 +69,7 @@ class ExperienceIndex:
         self.generation = -1
 
     def _clear(self) -> None:
-        self._index = Index(
-            # expansion_add 64 (default 128) halves the cost of keeping the index in step with ingest;
-            # recall@5 stays >= 0.99 on experience-like text at 100k (bench/bench_index.py)
-            ndim=self._dim,
-            metric="cos",
-            dtype="f16",
-            connectivity=16,
-            expansion_add=64,
-            expansion_search=64,
-        )
+        self._index = hnsw(self._dim)
         self._ids: dict[int, bytes] = {}
         self._key_of: dict[bytes, int] = {}
         self._version: dict[bytes, bytes] = {}  # experience id -> the version CID its vector comes from
@@ -252,14 +250,16 @@ class _ExactVectors:
         self._row_of: dict[bytes, int] = {}
 
     def add(self, ids: list[bytes], vectors: np.ndarray) -> None:
-        vectors = np.asarray(vectors, dtype=np.float32)
+        """Append rows (float16 or float32 vectors), scaled in place to unit length."""
         start, end = len(self._ids), len(self._ids) + len(ids)
         if end > len(self._rows):
             grown = np.empty((max(end, 2 * len(self._rows)), self._rows.shape[1]), dtype=np.float32)
             grown[:start] = self._rows[:start]
             self._rows = grown
-        norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-        self._rows[start:end] = vectors / np.where(norms > 0, norms, 1)
+        block = self._rows[start:end]
+        block[:] = vectors
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        block /= np.where(norms > 0, norms, 1)
         self._row_of.update((exp_id, row) for row, exp_id in enumerate(ids, start))
         self._ids.extend(ids)
 
@@ -272,14 +272,15 @@ class _ExactVectors:
     def search(self, query: np.ndarray, count: int) -> list[tuple[bytes, float]]:
         """The `count` best rows, ties broken by id, so the answer does not depend on the row order.
 
-        The float32 matrix product is fast, but BLAS rounds a row's score differently depending
-        on where the row sits; it only shortlists, with a margin far above that noise, and the
-        shortlist is scored again row by row in float64, where position cannot matter.
+        The float32 scores are one dot product per row (vecdot), on this thread: a BLAS matrix
+        product is faster on an idle machine but its threads waited ~8 ms per query for a busy
+        second core here. They only shortlist, with a margin far above float32 rounding; the
+        shortlist is scored again in float64, exactly enough that no rounding can reorder it.
         """
         rows = self._rows[: len(self._ids)]
         shortlist = np.arange(len(rows))
         if count < len(rows):
-            scores = rows @ query
+            scores = np.vecdot(rows, query)
             kth = np.partition(scores, len(scores) - count)[len(scores) - count]
             shortlist = np.flatnonzero(scores >= kth - _SHORTLIST_MARGIN)
         exact = (rows[shortlist].astype(np.float64) * query.astype(np.float64)).sum(axis=1)
