@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ledger import codec
 from ledger.errors import LedgerError
 from ledger.ops import Block, Kind, SchemaError, decode_block
-from ledger.validation import inspect, validate
+from ledger.validation import examine, validate
 from tests import factories as f
 from tests.strategies import operations
 
@@ -41,7 +41,7 @@ def test_mutated_operations_never_raise_outside_the_error_family(data):
     for _ in range(data.draw(st.integers(1, 4))):
         position = data.draw(st.integers(0, len(raw) - 1))
         raw[position] = data.draw(st.integers(0, 255))
-    _, errors = inspect(bytes(raw), f.PARAMS)
+    _, errors = examine(bytes(raw), f.PARAMS)
     if bytes(raw) != block.data:
         assert errors and all(isinstance(e, LedgerError) for e in errors)
 
