@@ -32,11 +32,10 @@ log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.usearch"
 META_FILE = "index.meta"
-#: Up to this many experiences a search scores every vector (one float32 matrix product) instead of
-#: asking HNSW: the answer is then exact and the same on every node whatever the insertion order.
-#: bench/bench_index.py on 2 cores, real WordLlama vectors: exact p99 stays under 1 ms up to 20,000
-#: (about x2 the HNSW p50 there, x1.3 at 10,000); at 50,000 exact p99 passes 1 ms and the gap to
-#: HNSW grows to x4 and more.
+#: Up to this many experiences a search scores every vector instead of asking HNSW: the answer is
+#: then exact and the same on every node whatever the insertion order. bench/bench_index.py on 2
+#: cores, real WordLlama vectors: exact p50 0.67 ms at 20,000 (x1.7 HNSW; x1.3 at 10,000), ~1 ms at
+#: 30,000 (x2.2), 1.7 ms at 50,000 (x3.8): it grows linearly, HNSW barely.
 EXACT_SEARCH_LIMIT = 20_000
 _DIGEST_SIZE = 32  # SHA-256, faster here than BLAKE2b (the CPU has SHA extensions; bench_index prints both)
 #: a float32 dot product of unit vectors is off by at most dim * 2**-24 (1.5e-5 at 256-d, 2.3e-5 at 384-d)
@@ -125,7 +124,7 @@ class ExperienceIndex:
                 self._exact.remove(exp_id)
 
     def search(self, vector: np.ndarray, count: int) -> list[tuple[bytes, float]]:
-        """Up to `count` nearest experiences as (id, cosine similarity), best first."""
+        """Up to `count` nearest experiences as (id, cosine similarity), best first: exact up to the limit."""
         if not self._ids or count <= 0:
             return []
         query = np.asarray(vector, dtype=np.float32)
@@ -235,6 +234,7 @@ class ExperienceIndex:
 
 
 def _digest(meta: bytes, index_bytes: bytes | bytearray) -> bytes:
+    """One SHA-256 over the key map (length first) and the index file, so neither can be swapped alone."""
     hasher = hashlib.sha256(len(meta).to_bytes(8, "big"))
     hasher.update(meta)
     hasher.update(index_bytes)
@@ -275,7 +275,7 @@ class _ExactVectors:
         The float32 scores are one dot product per row (vecdot), on this thread: a BLAS matrix
         product is faster on an idle machine but its threads waited ~8 ms per query for a busy
         second core here. They only shortlist, with a margin far above float32 rounding; the
-        shortlist is scored again in float64, exactly enough that no rounding can reorder it.
+        shortlist is scored again in float64, row by row, where a row's position cannot change its score.
         """
         rows = self._rows[: len(self._ids)]
         shortlist = np.arange(len(rows))
