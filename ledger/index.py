@@ -1,13 +1,21 @@
 """The vector index: usearch HNSW (cosine, float16) over the live experiences, kept in step with the library.
 
 The index is derived state. It is saved beside the ledger with the library generation it
-reflects; at start-up an index that is missing, unreadable, for another model, or older than
-the library is rebuilt from the library (with progress), so it never serves a deleted or
-superseded version for long: updates follow every committed batch.
+reflects, the identity of the data directory it belongs to and a SHA-256 digest over both files;
+at start-up an index that is missing, damaged, copied from another data directory, for another
+model, or older than the library is rebuilt from the library (with progress), so it never serves
+a deleted or superseded version for long: updates follow every committed batch. usearch does not
+validate what it loads (a few flipped bytes crash the process in search), so no byte of the saved
+index reaches usearch before the digest over it has been checked.
+
+Answers do not depend on thread scheduling: vectors are added one thread at a time, in an order
+fixed by the batch's contents, and a library of up to `EXACT_SEARCH_LIMIT` experiences is searched
+exactly, so nodes holding the same library give the same answer whatever order they indexed it in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -18,42 +26,64 @@ from usearch.index import Index
 
 from ledger import codec
 from ledger.cid import CID_LENGTH
-from ledger.embedder import unpack_float16
+from ledger.embedder import unit, unpack_float16
 
 log = logging.getLogger(__name__)
 
 INDEX_FILE = "index.usearch"
 META_FILE = "index.meta"
+#: Up to this many experiences a search scores every vector instead of asking HNSW: the answer is
+#: then exact and the same on every node whatever the insertion order. bench/bench_index.py on 2
+#: cores, real WordLlama vectors: exact p50 0.67 ms at 20,000 (x1.7 HNSW; x1.3 at 10,000), ~1 ms at
+#: 30,000 (x2.2), 1.7 ms at 50,000 (x3.8): it grows linearly, HNSW barely.
+EXACT_SEARCH_LIMIT = 20_000
+_DIGEST_SIZE = 32  # SHA-256, faster here than BLAKE2b (the CPU has SHA extensions; bench_index prints both)
+#: a float32 dot product of unit vectors is off by at most dim * 2**-24 (1.5e-5 at 256-d, 2.3e-5 at 384-d)
+_SHORTLIST_MARGIN = 1e-4
+_BATCH = 1000  # vectors per usearch call during a rebuild, between progress reports
+
+
+def hnsw(dim: int) -> Index:
+    """An empty usearch index with the ledger's parameters (also the benchmark's baseline)."""
+    # expansion_add 64 (default 128) halves the cost of keeping the index in step with ingest;
+    # recall@5 stays >= 0.99 on experience-like text at 100k (bench/bench_index.py)
+    return Index(ndim=dim, metric="cos", dtype="f16", connectivity=16, expansion_add=64, expansion_search=64)
 
 
 class ExperienceIndex:
-    """usearch HNSW index whose keys map back to experience ids.
+    """usearch HNSW index whose keys map back to experience ids, with exact search for small libraries.
 
     Keys come from a local counter, never from the ids themselves: a key derived from a CID
     could be made to collide by anyone able to sign many operations.
     """
 
-    def __init__(self, directory: Path, model: str, dim: int) -> None:
+    def __init__(self, directory: Path, model: str, dim: int, owner: str, *, exact_limit: int = EXACT_SEARCH_LIMIT):
+        """`owner` names the data directory (its node's DID): a saved index from any other is refused."""
         self._directory = directory
         self._model = model
         self._dim = dim
-        self._index = self._new()
+        self._owner = owner
+        self._exact_limit = exact_limit
+        self._clear()
+        self.generation = -1
+
+    def _clear(self) -> None:
+        self._index = hnsw(self._dim)
         self._ids: dict[int, bytes] = {}
         self._key_of: dict[bytes, int] = {}
         self._version: dict[bytes, bytes] = {}  # experience id -> the version CID its vector comes from
         self._next_key = 0
-        self.generation = -1
-
-    def _new(self) -> Index:
-        # expansion_add 64 (default 128) halves the cost of keeping the index in step with ingest;
-        # recall@5 stays >= 0.99 on experience-like text at 100k (bench/bench_index.py)
-        return Index(ndim=self._dim, metric="cos", dtype="f16", connectivity=16, expansion_add=64, expansion_search=64)
+        self._exact: _ExactVectors | None = None  # built when first needed, dropped above the limit
 
     def __len__(self) -> int:
         return len(self._ids)
 
     def ids(self) -> set[bytes]:
         return set(self._ids.values())
+
+    def versions(self) -> dict[bytes, bytes]:
+        """Each indexed experience id with the version CID its vector comes from."""
+        return dict(self._version)
 
     def holds(self, exp_id: bytes, version: bytes) -> bool:
         """Whether the experience is indexed with the vector of that version."""
@@ -63,39 +93,52 @@ class ExperienceIndex:
         """Apply one batch of changes; `live` maps experience id -> (version CID, float16 embedding).
 
         An experience already indexed at that version is left alone; the rest are added in one
-        call, which usearch does far faster than one vector at a time.
+        call, which usearch does far faster than one vector at a time, in id order so that the
+        graph does not depend on the order the caller happened to collect them in.
         """
         for exp_id in removals:
             self.remove(exp_id)
-        changed = {exp_id: item for exp_id, item in live.items() if self._version.get(exp_id) != item[0]}
-        for exp_id in changed:
+        changed = sorted((exp_id, item) for exp_id, item in live.items() if self._version.get(exp_id) != item[0])
+        for exp_id, _ in changed:
             self.remove(exp_id)
-        if not changed:
-            return
-        keys = []
-        for exp_id, (version, _) in changed.items():
-            keys.append(self._assign(exp_id))
-            self._version[exp_id] = version
-        vectors = np.stack([unpack_float16(values) for _, values in changed.values()])
-        self._index.add(np.array(keys, dtype=np.uint64), vectors)
+        if changed:
+            self._add([(exp_id, version, values) for exp_id, (version, values) in changed])
+        if len(self) > self._exact_limit:
+            self._exact = None
 
-    def _assign(self, exp_id: bytes) -> int:
-        key, self._next_key = self._next_key, self._next_key + 1
-        self._ids[key] = exp_id
-        self._key_of[exp_id] = key
-        return key
+    def _add(self, items: list[tuple[bytes, bytes, bytes]]) -> None:
+        keys = []
+        for exp_id, version, _ in items:
+            key, self._next_key = self._next_key, self._next_key + 1
+            self._ids[key], self._key_of[exp_id], self._version[exp_id] = exp_id, key, version
+            keys.append(key)
+        vectors = np.stack([unpack_float16(values) for _, _, values in items])
+        # one thread: usearch's parallel add links the graph in scheduling order, so two builds
+        # of the same vectors in the same order could answer differently
+        self._index.add(np.array(keys, dtype=np.uint64), vectors, threads=1)
+        if self._exact is not None:
+            self._exact.add([exp_id for exp_id, _, _ in items], vectors)
 
     def remove(self, exp_id: bytes) -> None:
         key = self._key_of.pop(exp_id, None)
         if key is not None:
             self._index.remove(key)
             del self._ids[key], self._version[exp_id]
+            if self._exact is not None:
+                self._exact.remove(exp_id)
 
     def search(self, vector: np.ndarray, count: int) -> list[tuple[bytes, float]]:
-        """Up to `count` nearest experiences as (id, cosine similarity), best first."""
+        """Up to `count` nearest experiences as (id, cosine similarity), best first: exact up to the limit."""
         if not self._ids or count <= 0:
             return []
-        matches = self._index.search(np.asarray(vector, dtype=np.float32), min(count, len(self._ids)))
+        query = np.asarray(vector, dtype=np.float32)
+        if len(self._ids) <= self._exact_limit:
+            if self._exact is None:
+                keys = list(self._ids)
+                self._exact = _ExactVectors(self._dim)
+                self._exact.add([self._ids[key] for key in keys], np.stack(self._index.get(np.array(keys, np.uint64))))
+            return self._exact.search(unit(query), count)
+        matches = self._index.search(query, min(count, len(self._ids)))
         return [
             (self._ids[int(key)], 1.0 - float(distance))
             for key, distance in zip(matches.keys, matches.distances, strict=True)
@@ -104,80 +147,146 @@ class ExperienceIndex:
 
     def rebuild(
         self,
-        live: Iterable[tuple[bytes, bytes]],
+        live: Iterable[tuple[bytes, bytes, bytes]],
         total: int,
         generation: int,
         progress: Callable[[int, int], None] | None = None,
     ) -> None:
         """Index every (experience id, version CID, float16 embedding) from scratch."""
-        self._index = self._new()
-        self._ids = {}
-        done = 0
-        batch_keys: list[int] = []
-        batch_vectors: list[np.ndarray] = []
-        for exp_id, version, values in live:
-            batch_keys.append(self._assign(exp_id))
-            batch_vectors.append(unpack_float16(values))
-            self._version[exp_id] = version
-            if len(batch_keys) == 1000:
-                self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
-                done += len(batch_keys)
-                batch_keys, batch_vectors = [], []
+        self._clear()
+        batch: list[tuple[bytes, bytes, bytes]] = []
+        for item in live:
+            batch.append(item)
+            if len(batch) == _BATCH:
+                self._add(batch)
+                batch = []
                 if progress:
-                    progress(done, total)
-        if batch_keys:
-            self._index.add(np.array(batch_keys, dtype=np.uint64), np.stack(batch_vectors))
-            done += len(batch_keys)
+                    progress(len(self), total)
+        if batch:
+            self._add(batch)
         if progress:
-            progress(done, total)
+            progress(len(self), total)
         self.generation = generation
 
     # --- persistence -----------------------------------------------------------------------
 
     def save(self) -> None:
-        """Write index and key map atomically (temporary files, then rename)."""
+        """Write index and key map atomically (temporary files, then rename).
+
+        The key map starts with a digest over itself and the index file, so a damaged, truncated,
+        half-written or swapped file is found before usearch reads it.
+        """
         index_path, meta_path = self._directory / INDEX_FILE, self._directory / META_FILE
-        self._index.save(str(index_path) + ".tmp")
-        meta = {
-            "model": self._model,
-            "dim": self._dim,
-            "generation": self.generation,
-            "next_key": self._next_key,
-            "entries": b"".join(
-                key.to_bytes(8, "big") + exp_id + self._version[exp_id] for key, exp_id in self._ids.items()
-            ),
-        }
-        (self._directory / (META_FILE + ".tmp")).write_bytes(codec.pack(meta))
+        index_bytes = self._index.save()
+        meta = codec.pack(
+            {
+                "model": self._model,
+                "dim": self._dim,
+                "owner": self._owner,
+                "generation": self.generation,
+                "next_key": self._next_key,
+                "entries": b"".join(
+                    key.to_bytes(8, "big") + exp_id + self._version[exp_id] for key, exp_id in self._ids.items()
+                ),
+            }
+        )
+        (self._directory / (INDEX_FILE + ".tmp")).write_bytes(index_bytes)
+        (self._directory / (META_FILE + ".tmp")).write_bytes(_digest(meta, index_bytes) + meta)
         os.replace(str(index_path) + ".tmp", index_path)
         os.replace(str(meta_path) + ".tmp", meta_path)
 
     def load(self, generation: int) -> str | None:
         """Load the saved index; returns why it cannot be used (then it must be rebuilt), or None."""
         index_path, meta_path = self._directory / INDEX_FILE, self._directory / META_FILE
-        if not index_path.exists() or not meta_path.exists():
-            return "missing"
         try:
-            meta = codec.unpack(meta_path.read_bytes())
-            if (meta["model"], meta["dim"]) != (self._model, self._dim):
-                return f"built for {meta['model']} ({meta['dim']}-d)"
-            if meta["generation"] != generation:
-                return f"stale (generation {meta['generation']}, library at {generation})"
-            index = Index.restore(str(index_path))
-            raw, width = meta["entries"], 8 + 2 * CID_LENGTH
-            entries = [
-                (
-                    int.from_bytes(raw[i : i + 8], "big"),
-                    raw[i + 8 : i + 8 + CID_LENGTH],
-                    raw[i + 8 + CID_LENGTH : i + width],
-                )
-                for i in range(0, len(raw), width)
-            ]
-            if index is None or len(index) != len(entries) or any(not index.contains(key) for key, _, _ in entries):
-                return "corrupt (keys disagree with the saved key map)"
-        except Exception as exc:  # usearch and cbor2 raise various types on damaged files
+            stored = meta_path.read_bytes()
+            index_bytes = index_path.read_bytes()
+        except FileNotFoundError:
+            return "missing"
+        digest, packed = stored[:_DIGEST_SIZE], stored[_DIGEST_SIZE:]
+        if _digest(packed, index_bytes) != digest:
+            return "damaged (the files do not match their digest)"
+        # from here on the files are exactly what some `save` wrote, though perhaps not this node's
+        try:
+            meta = codec.unpack(packed)
+            owner, model, dim, saved_generation = meta["owner"], meta["model"], meta["dim"], meta["generation"]
+            raw, next_key = meta["entries"], meta["next_key"]
+        except Exception as exc:  # another format version: cbor2 and the lookups raise various types
             return f"unreadable ({type(exc).__name__}: {exc})"
-        self._index, self.generation, self._next_key = index, generation, meta["next_key"]
+        if owner != self._owner:
+            return f"copied from another data directory ({owner})"
+        if (model, dim) != (self._model, self._dim):
+            return f"built for {model} ({dim}-d)"
+        if saved_generation != generation:
+            return f"stale (generation {saved_generation}, library at {generation})"
+        width = 8 + 2 * CID_LENGTH
+        entries = [
+            (
+                int.from_bytes(raw[i : i + 8], "big"),
+                raw[i + 8 : i + 8 + CID_LENGTH],
+                raw[i + 8 + CID_LENGTH : i + width],
+            )
+            for i in range(0, len(raw), width)
+        ]
+        self._clear()
+        self._index = Index.restore(index_bytes)
+        self.generation, self._next_key = generation, next_key
         self._ids = {key: exp_id for key, exp_id, _ in entries}
         self._key_of = {exp_id: key for key, exp_id, _ in entries}
         self._version = {exp_id: version for _, exp_id, version in entries}
         return None
+
+
+def _digest(meta: bytes, index_bytes: bytes | bytearray) -> bytes:
+    """One SHA-256 over the key map (length first) and the index file, so neither can be swapped alone."""
+    hasher = hashlib.sha256(len(meta).to_bytes(8, "big"))
+    hasher.update(meta)
+    hasher.update(index_bytes)
+    return hasher.digest()
+
+
+class _ExactVectors:
+    """Every indexed vector as a unit float32 row, for exact search; a removal moves the last row into the gap."""
+
+    def __init__(self, dim: int) -> None:
+        self._rows = np.empty((1024, dim), dtype=np.float32)
+        self._ids: list[bytes] = []
+        self._row_of: dict[bytes, int] = {}
+
+    def add(self, ids: list[bytes], vectors: np.ndarray) -> None:
+        """Append rows (float16 or float32 vectors), scaled in place to unit length."""
+        start, end = len(self._ids), len(self._ids) + len(ids)
+        if end > len(self._rows):
+            grown = np.empty((max(end, 2 * len(self._rows)), self._rows.shape[1]), dtype=np.float32)
+            grown[:start] = self._rows[:start]
+            self._rows = grown
+        block = self._rows[start:end]
+        block[:] = vectors
+        norms = np.linalg.norm(block, axis=1, keepdims=True)
+        block /= np.where(norms > 0, norms, 1)
+        self._row_of.update((exp_id, row) for row, exp_id in enumerate(ids, start))
+        self._ids.extend(ids)
+
+    def remove(self, exp_id: bytes) -> None:
+        row, last = self._row_of.pop(exp_id), len(self._ids) - 1
+        moved = self._ids.pop()
+        if row != last:
+            self._rows[row], self._ids[row], self._row_of[moved] = self._rows[last], moved, row
+
+    def search(self, query: np.ndarray, count: int) -> list[tuple[bytes, float]]:
+        """The `count` best rows, ties broken by id, so the answer does not depend on the row order.
+
+        The float32 scores are one dot product per row (vecdot), on this thread: a BLAS matrix
+        product is faster on an idle machine but its threads waited ~8 ms per query for a busy
+        second core here. They only shortlist, with a margin far above float32 rounding; the
+        shortlist is scored again in float64, row by row, where a row's position cannot change its score.
+        """
+        rows = self._rows[: len(self._ids)]
+        shortlist = np.arange(len(rows))
+        if count < len(rows):
+            scores = np.vecdot(rows, query)
+            kth = np.partition(scores, len(scores) - count)[len(scores) - count]
+            shortlist = np.flatnonzero(scores >= kth - _SHORTLIST_MARGIN)
+        exact = (rows[shortlist].astype(np.float64) * query.astype(np.float64)).sum(axis=1)
+        best = sorted(zip((-exact).tolist(), (self._ids[row] for row in shortlist.tolist()), strict=True))[:count]
+        return [(exp_id, -negated) for negated, exp_id in best]

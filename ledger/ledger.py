@@ -75,7 +75,7 @@ class Ledger:
         self._check_recent(_RECENT_CHECK)
         self._check_high_water_mark()
         self._index_lock = threading.Lock()
-        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim)
+        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim, node_key.did)
         why = self._index.load(self._state.generation)
         #: "loaded", or why the saved index could not be used and was rebuilt
         self.index_status = why or "loaded"
@@ -293,10 +293,10 @@ class Ledger:
             found = self._index.search(vector, count)
         return [(CID(exp_id), score) for exp_id, score in found]
 
-    def indexed(self) -> set[bytes]:
-        """The experience ids the vector index holds (for checks and tests)."""
+    def indexed(self) -> dict[bytes, bytes]:
+        """Each experience id the vector index holds, with the version its vector comes from."""
         with self._index_lock:
-            return self._index.ids()
+            return self._index.versions()
 
     def _live_embeddings(self, view: LedgerView) -> Iterator[tuple[bytes, bytes, bytes]]:
         for record in view.experiences():

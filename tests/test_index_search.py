@@ -1,0 +1,112 @@
+"""Index answers depend only on the vectors (exact search) or on the insertion order (HNSW), never on threads."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ledger.cid import CID
+from ledger.embedder import pack_float16
+from ledger.index import INDEX_FILE, ExperienceIndex
+from tests import factories as f
+
+DIM = f.PARAMS.embedding_dim
+
+
+def _experiences(seed: int, size: int) -> dict[bytes, tuple[bytes, bytes]]:
+    """id -> (version, float16 vector): clustered like real embeddings, a tenth of them exact copies (ties)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((8, DIM))
+    vectors = centres[rng.integers(0, 8, size)] + 0.4 * rng.standard_normal((size, DIM))
+    vectors[rng.integers(0, size, size // 10)] = vectors[rng.integers(0, size, size // 10)]
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [CID.for_block(seed.to_bytes(8, "big") + i.to_bytes(8, "big")).raw for i in range(size)]
+    return {exp_id: (exp_id, pack_float16(vector)) for exp_id, vector in zip(ids, vectors, strict=True)}
+
+
+def _queries(seed: int, experiences: dict[bytes, tuple[bytes, bytes]], count: int = 40) -> list[np.ndarray]:
+    """Random directions and stored vectors themselves (whose nearest neighbours include exact ties)."""
+    rng = np.random.default_rng(seed + 1)
+    stored = [np.frombuffer(v, dtype="<f2").astype(np.float32) for _, v in experiences.values()]
+    queries = [rng.standard_normal(DIM).astype(np.float32) for _ in range(count // 2)]
+    queries += [stored[i] for i in rng.integers(0, len(stored), count - len(queries))]
+    return [q / np.linalg.norm(q) for q in queries]
+
+
+def _index(directory: Path, exact_limit: int) -> ExperienceIndex:
+    directory.mkdir()
+    return ExperienceIndex(directory, f.PARAMS.embedding_model, DIM, "did:key:test", exact_limit=exact_limit)
+
+
+def _feed(index: ExperienceIndex, experiences: dict, rng: random.Random) -> None:
+    """Index `experiences` through `update` in random batches and order, adding and removing strays on the way."""
+    order = list(experiences)
+    rng.shuffle(order)
+    strays = _experiences(rng.randrange(2**32), 30)
+    start = 0
+    while start < len(order):
+        end = start + rng.randint(1, 50)
+        added = {exp_id: strays.pop(exp_id) for exp_id in rng.sample(sorted(strays), min(len(strays), 3))}
+        index.update({**{exp_id: experiences[exp_id] for exp_id in order[start:end]}, **added}, [])
+        indexed_strays = sorted(index.ids() - set(experiences))
+        index.update({}, rng.sample(indexed_strays, min(len(indexed_strays), 2)))
+        start = end
+    index.update({}, sorted(index.ids() - set(experiences)))
+
+
+def _answers(index: ExperienceIndex, queries: list[np.ndarray], count: int) -> list[list[tuple[bytes, float]]]:
+    return [index.search(query, count) for query in queries]
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 600), count=st.integers(1, 20))
+def test_below_the_limit_search_is_exact_and_independent_of_insertion_order(tmp_path_factory, seed, size, count):
+    experiences = _experiences(seed, size)
+    queries = _queries(seed, experiences)
+    base = tmp_path_factory.mktemp("indexes")
+    rng = random.Random(seed)
+    rebuilt = _index(base / "rebuilt", exact_limit=size)
+    rebuilt.rebuild(((exp_id, *item) for exp_id, item in sorted(experiences.items())), size, 0)
+    shuffled = _index(base / "shuffled", exact_limit=size)
+    _feed(shuffled, experiences, rng)
+    shuffled.save()
+    restored = ExperienceIndex(base / "shuffled", f.PARAMS.embedding_model, DIM, "did:key:test", exact_limit=size)
+    assert restored.load(-1) is None
+
+    expected = _answers(rebuilt, queries, count)
+    assert _answers(shuffled, queries, count) == expected
+    assert _answers(restored, queries, count) == expected
+    matrix = np.stack([np.frombuffer(v, dtype="<f2").astype(np.float64) for _, v in experiences.values()])
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    truth = dict(zip(experiences, matrix, strict=True))
+    for query, answer in zip(queries, expected, strict=True):
+        scores = sorted(matrix @ query, reverse=True)
+        assert len(answer) == min(count, size)
+        assert [score for _, score in answer] == sorted((score for _, score in answer), reverse=True)
+        for exp_id, score in answer:  # each score right, and none better left out
+            assert abs(score - truth[exp_id] @ query) < 1e-5
+            assert truth[exp_id] @ query >= scores[len(answer) - 1] - 1e-5
+
+
+def test_above_the_limit_the_same_insertion_order_builds_the_same_graph(tmp_path):
+    """HNSW (forced by a limit of 0) built twice from the same batches: identical files and answers.
+
+    Each batch reaches `update` as a dict in another order, as the ledger collects changes in a set.
+    """
+    experiences = _experiences(3, 3000)
+    queries = _queries(3, experiences, 200)
+    order = sorted(experiences)
+    random.Random(4).shuffle(order)
+    batches = [order[start : start + 700] for start in range(0, len(order), 700)]
+    indexes = []
+    for name, seed in (("first", 5), ("second", 6)):
+        index = _index(tmp_path / name, exact_limit=0)
+        for batch in batches:
+            random.Random(seed).shuffle(batch)
+            index.update({exp_id: experiences[exp_id] for exp_id in batch}, [])
+        index.save()
+        indexes.append(index)
+    assert (tmp_path / "first" / INDEX_FILE).read_bytes() == (tmp_path / "second" / INDEX_FILE).read_bytes()
+    assert _answers(indexes[0], queries, 5) == _answers(indexes[1], queries, 5)
