@@ -137,7 +137,7 @@ def as_submissions(items: object, expected: object = None) -> list[Submission]:
 
 
 @dataclass
-class _Checked:
+class Checked:
     """One submission on its way through the pipeline."""
 
     submission: Submission
@@ -148,12 +148,12 @@ class _Checked:
     first: int | None = None  # the earlier position of the same bytes in this batch
 
 
-def triage(submissions: Sequence[Submission], params: NetworkParams, stored: ReadView) -> list[_Checked]:
+def triage(submissions: Sequence[Submission], params: NetworkParams, stored: ReadView) -> list[Checked]:
     """Steps 0-3: every submission checked as far as it goes; valid new ones carry their Block."""
-    checked: list[_Checked] = []
+    checked: list[Checked] = []
     positions: dict[bytes, int] = {}
     for index, submission in enumerate(submissions):
-        item = _Checked(submission)
+        item = Checked(submission)
         checked.append(item)
         data: object = submission.data
         if isinstance(data, (bytearray, memoryview)):
