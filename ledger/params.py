@@ -49,6 +49,8 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "max_domain_depth": (1, 64),
 }
 _MODEL_NAME = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces: it is written into every operation
+#: a network's name: it names the gossip topic and is recorded in every data directory of the network
+_NETWORK_ID = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
 #: a parameter file is a few hundred bytes; reading more is refused
 MAX_FILE_BYTES = 64 * 1024
 
@@ -61,6 +63,8 @@ class ParamsError(LedgerError):
 class NetworkParams:
     """Limits and pinned models; defaults follow the first format seed (32 words)."""
 
+    #: the network's name: nodes of networks with other names never exchange operations
+    network_id: str = "devnet"
     #: "words" counts whitespace-separated words (seed 1: 32 words); "tokens" counts the
     #: deterministic tokens of `validation.count_tokens` (seed 2: 256 tokens)
     text_unit: TextUnit = "words"
@@ -83,6 +87,12 @@ class NetworkParams:
     embedding_epsilon: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        if not isinstance(self.network_id, str) or not _NETWORK_ID.fullmatch(self.network_id):
+            raise ParamsError(
+                "params.range",
+                f"network_id: {str(self.network_id)[:40]!r} must be 1 to 63 of a-z 0-9 . _ -, starting with a "
+                "letter or digit",
+            )
         if not _MODEL_NAME.fullmatch(self.embedding_model):
             raise ParamsError(
                 "params.range",
@@ -138,15 +148,23 @@ class NetworkParams:
         for name, value in raw.items():
             if name not in fields:
                 raise ParamsError("params.unknown", f"{source}: unknown parameter {name!r}")
-            expected = {"text_unit": str, "embedding_model": str, **dict.fromkeys(_CALIBRATED_FIELDS, float)}.get(
-                name, int
-            )
+            expected = {
+                "network_id": str,
+                "text_unit": str,
+                "embedding_model": str,
+                **dict.fromkeys(_CALIBRATED_FIELDS, float),
+            }.get(name, int)
             if type(value) is not expected:
                 raise ParamsError("params.type", f"{source}: {name} must be {expected.__name__}")
         try:
             return cls(**raw)
         except ParamsError as exc:
             raise ParamsError(exc.code, f"{source}: {exc.message}") from None
+
+
+    def to_json(self) -> str:
+        """The parameter file of this network (every value explicit), as `from_file` reads it."""
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
