@@ -1,0 +1,229 @@
+"""A node's home directory and its config.toml: what `expledger init` creates and the daemon reads.
+
+Layout (like Kubo's repo or Bitcoin Core's datadir):
+
+    config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits
+    network.json    the genesis: the network's parameters (ledger.params), shared by every node
+    author.key      signs the operations this node makes for its RPC clients (0600)
+    data/           the ledger: LevelDB, node key, high-water mark, vector index
+    rpc.cookie      while the daemon runs: the token every RPC request carries (0600)
+    rpc.url         while the daemon runs: where its RPC server listens
+    daemon.pid      while the daemon runs
+
+Every problem with the config names the file, the key and what was expected.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ledger.errors import LedgerError
+
+HOME_ENV = "EXPLEDGER_HOME"
+CONFIG_FILE = "config.toml"
+NETWORK_FILE = "network.json"
+AUTHOR_KEY = "author.key"
+DATA_DIR = "data"
+COOKIE_FILE = "rpc.cookie"
+URL_FILE = "rpc.url"
+PID_FILE = "daemon.pid"
+DEFAULT_RPC_PORT = 8645
+DEFAULT_P2P_PORT = 4645
+_MAX_CONFIG_BYTES = 256 * 1024
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("auto", "text", "json")
+
+
+class ConfigError(LedgerError):
+    """A config file that cannot be read or holds a bad value; the message names the file and the key."""
+
+
+def default_home() -> Path:
+    return Path(os.environ.get(HOME_ENV) or Path.home() / ".expledger")
+
+
+@dataclass(frozen=True, slots=True)
+class RpcConfig:
+    #: host:port; port 0 takes a free port (the daemon writes the address it got into rpc.url)
+    listen: str = f"127.0.0.1:{DEFAULT_RPC_PORT}"
+    #: extra static tokens accepted beside the cookie (for clients that cannot read the home)
+    tokens: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 20
+    max_batch: int = 100
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True, slots=True)
+class P2PConfig:
+    listen: tuple[str, ...] = (f"/ip4/127.0.0.1/tcp/{DEFAULT_P2P_PORT}",)
+    bootstrap: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: str = "info"
+    #: "auto": readable text on a terminal, JSON lines otherwise
+    format: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
+class IngestConfig:
+    #: submissions waiting for the writer; when full, new ones are refused (RPC) or dropped and counted
+    queue: int = 10_000
+    #: the most operations one synced write takes
+    batch: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RetrievalConfig:
+    #: the model that ranks experiences for a query: "network" ranks with the network's embedding
+    model: str = "network"
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    rpc: RpcConfig = RpcConfig()
+    p2p: P2PConfig = P2PConfig()
+    log: LogConfig = LogConfig()
+    ingest: IngestConfig = IngestConfig()
+    retrieval: RetrievalConfig = RetrievalConfig()
+
+
+#: per section, each key with its expected type and a check of its value (None: any value of the type)
+_SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
+    "rpc": {
+        "listen": (str, "host:port, the host an IP address"),
+        "tokens": (list, "a list of strings of 16 to 256 characters"),
+        "max_body_bytes": (int, "an integer from 1024 to 67108864"),
+        "max_batch": (int, "an integer from 1 to 10000"),
+    },
+    "p2p": {"listen": (list, "a list of multiaddrs"), "bootstrap": (list, "a list of multiaddrs")},
+    "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
+    "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
+    "retrieval": {"model": (str, '"network"')},
+}
+_SECTIONS = {"rpc": RpcConfig, "p2p": P2PConfig, "log": LogConfig, "ingest": IngestConfig, "retrieval": RetrievalConfig}
+
+
+def load_config(path: Path) -> Config:
+    """Read and check a config.toml; missing keys take their defaults, unknown ones are refused."""
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError("config.file", f"{path}: cannot read the config ({exc.strerror})") from None
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ConfigError("config.file", f"{path}: larger than {_MAX_CONFIG_BYTES} bytes; not a config file")
+    try:
+        raw = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError("config.syntax", f"{path}: not valid TOML ({exc})") from None
+    sections = {}
+    for name, table in raw.items():
+        if name not in _SCHEMA:
+            raise ConfigError("config.unknown", f"{path}: unknown section [{name}] (known: {', '.join(_SCHEMA)})")
+        if not isinstance(table, dict):
+            raise ConfigError("config.type", f"{path}: {name}: expected a [{name}] section")
+        sections[name] = _SECTIONS[name](
+            **{key: check_value(f"{path}: [{name}] {key}", name, key, value) for key, value in table.items()}
+        )
+    return Config(**sections)
+
+
+def check_value(where: str, section: str, key: str, value: Any) -> Any:
+    """`value` for `key` of `section`, checked; `where` names it in the error (the file and key, or a flag)."""
+    if key not in _SCHEMA[section]:
+        raise ConfigError("config.unknown", f"{where}: unknown key (known: {', '.join(_SCHEMA[section])})")
+    kind, expected = _SCHEMA[section][key]
+    if type(value) is not kind:
+        raise ConfigError("config.type", f"{where}: expected {expected}, got {type(value).__name__} {value!r}")
+    if kind is list:
+        if not all(isinstance(item, str) for item in value):
+            raise ConfigError("config.type", f"{where}: expected {expected}")
+        value = tuple(value)
+    if not _acceptable(section, key, value):
+        raise ConfigError("config.value", f"{where}: expected {expected}, got {value!r}")
+    return value
+
+
+def _acceptable(section: str, key: str, value: Any) -> bool:
+    match section, key:
+        case "rpc", "listen":
+            return _host_port(value)
+        case "rpc", "tokens":
+            return all(16 <= len(token) <= 256 and token.isprintable() and " " not in token for token in value)
+        case "rpc", "max_body_bytes":
+            return 1024 <= value <= 64 << 20
+        case "rpc", "max_batch":
+            return 1 <= value <= 10_000
+        case "p2p", _:
+            return all(item.startswith("/") for item in value)
+        case "log", "level":
+            return value in LOG_LEVELS
+        case "log", "format":
+            return value in LOG_FORMATS
+        case "ingest", "queue":
+            return 1 <= value <= 1_000_000
+        case "ingest", "batch":
+            return 1 <= value <= 100_000
+        case "retrieval", "model":
+            return value == "network"
+    return False
+
+
+def _host_port(text: str) -> bool:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        return False
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def render_config(config: Config) -> str:
+    """config.toml with every key and a comment on each: what `init` writes."""
+    rpc, p2p, log, ingest = config.rpc, config.p2p, config.log, config.ingest
+
+    def strings(values: tuple[str, ...]) -> str:
+        return "[" + ", ".join(f'"{value}"' for value in values) + "]"
+
+    return f"""# Experience Ledger node configuration (written by `expledger init`).
+# The network's own rules (text limits, embedding model, thresholds) are in network.json.
+
+[rpc]
+# JSON-RPC over HTTP. Keep it on 127.0.0.1: every request needs the token of rpc.cookie
+# (rewritten at each start) or one of `tokens`. Port 0 takes a free port, written to rpc.url.
+listen = "{rpc.listen}"
+tokens = {strings(rpc.tokens)}
+max_body_bytes = {rpc.max_body_bytes}
+max_batch = {rpc.max_batch}
+
+[p2p]
+listen = {strings(p2p.listen)}
+bootstrap = {strings(p2p.bootstrap)}
+
+[log]
+level = "{log.level}"    # {", ".join(LOG_LEVELS)}
+format = "{log.format}"  # auto: text on a terminal, JSON lines otherwise
+
+[ingest]
+queue = {ingest.queue}   # submissions waiting for the writer; more are refused
+batch = {ingest.batch}   # operations per synced write, at most
+
+[retrieval]
+model = "{config.retrieval.model}"  # "network": rank with the network's embedding
+"""
