@@ -266,15 +266,14 @@ class Ledger:
     # --- the vector index ------------------------------------------------------------------------
 
     def _update_index(self, fold: Fold) -> None:
-        """Bring the index in line with the experiences a committed batch touched (one batched insert)."""
-        live, removals = {}, []
-        latest = self._latest()
-        for exp_id in fold.touched:
-            record = latest.experience(CID(exp_id))
-            if record is None or not record.live:
-                removals.append(exp_id)
-            else:
-                live[exp_id] = (record.version.raw, latest.content(record.version).embedding.values)
+        """Bring the index in line with a committed batch: the live vectors it changed, in one batched insert.
+
+        The fold already knows each changed experience's visible version and vector (its overlay
+        of the live vectors, which the index mirrors), so nothing is read back from the store.
+        """
+        changes = fold.vectors.changes
+        live = {exp_id: change for exp_id, change in changes.items() if change is not None}
+        removals = [exp_id for exp_id, change in changes.items() if change is None]
         with self._index_lock:
             try:
                 self._index.update(live, removals)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
@@ -245,7 +245,6 @@ class Fold:
 
     vectors: _VectorOverlay
     operations: dict[bytes, Operation]  # the new operations being folded (not yet in the store)
-    touched: set[bytes] = field(default_factory=set)  # experiences whose record changed
     refolded: int = 0  # operations folded again because a late one sorted before them
     changed: bool = False  # whether any operation was folded (the library's generation moves on)
 
@@ -458,7 +457,6 @@ class Library:
         if not is_experience_key(key):
             return
         exp_id = cid_of_key(key)
-        fold.touched.add(exp_id)
         if record is None and value is not None:
             record = ExperienceRecord.unpack(value)
         if record is not None and record.live:

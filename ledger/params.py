@@ -161,7 +161,6 @@ class NetworkParams:
         except ParamsError as exc:
             raise ParamsError(exc.code, f"{source}: {exc.message}") from None
 
-
     def to_json(self) -> str:
         """The parameter file of this network (every value explicit), as `from_file` reads it."""
         return json.dumps(dataclasses.asdict(self), indent=2) + "\n"

@@ -12,7 +12,7 @@ experiences = st.builds(
     Experience,
     text=st.text(max_size=60),
     domain=st.lists(st.text(max_size=8), max_size=3).map(tuple),
-    confidence=st.floats(allow_nan=False, allow_infinity=False),
+    confidence=st.floats(allow_nan=False, allow_infinity=False).filter(lambda x: str(x) != "-0.0"),  # refused
     embedding=st.builds(Embedding, st.text(max_size=10), st.integers(0, 2**32), st.binary(max_size=64)),
     examples=st.lists(examples, max_size=3).map(tuple),
     source=st.text(max_size=10),
