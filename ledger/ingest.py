@@ -30,7 +30,7 @@ from ledger.cid import CID
 from ledger.errors import LedgerError
 from ledger.library import Fold, Library, OpMeta
 from ledger.merkle import LogAppender
-from ledger.ops import Block, Operation, load_stored
+from ledger.ops import Block, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.records import OpStatus
 from ledger.stateroot import StateRoot
@@ -98,6 +98,7 @@ class Receipt:
     errors: tuple[LedgerError, ...] = ()
     source: Source = LOCAL
     repeated: bool = False  # ignored because it came earlier in the same batch (not already stored)
+    kind: Kind | None = None  # the operation's kind, when its bytes decoded
 
     @property
     def outcome(self) -> str:

@@ -211,13 +211,18 @@ class Ledger:
         return self.ingest([data], [expected_cid])[0]
 
     def ingest(
-        self, items: Sequence[bytes | Submission], expected: Sequence[CID | None] | None = None
+        self,
+        items: Sequence[bytes | Submission],
+        expected: Sequence[CID | None] | None = None,
+        *,
+        released: list[CID] | None = None,
     ) -> list[Receipt]:
         """Check, store, log and fold a batch in one durable write; returns after the data is synced.
 
         Items are operation bytes (from this process) or Submissions (with their source). An item
         that is not bytes is rejected (`ingest.type`) like any other bad operation; arguments that
-        are not sequences of the right length raise IngestError.
+        are not sequences of the right length raise IngestError. `released`, if given, receives the
+        operations stored earlier that this batch applied (their last dependency arrived).
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
@@ -232,6 +237,9 @@ class Ledger:
                 batch = Batch(self.store, self.library, self._state)
                 batch.store(accepted)
                 self._publish(batch, batch.commit())
+                if released is not None:
+                    new = {block.cid.raw for block in accepted}
+                    released.extend(CID(cid) for cid in batch.applied if cid not in new)
             view = self.view()
             receipts: list[Receipt] = []
             for item in checked:
@@ -246,7 +254,9 @@ class Ledger:
                 else:
                     assert item.cid is not None
                     verdict = Verdict.IGNORED if item.ignored else Verdict.ACCEPTED
-                    receipts.append(Receipt(item.cid, verdict, view.status(item.cid), source=source))
+                    status = view.status(item.cid)
+                    kind = item.block.op.kind if item.block else view.kind(item.cid)
+                    receipts.append(Receipt(item.cid, verdict, status, source=source, kind=kind))
             return receipts
 
     def _publish(self, batch: Batch, state: WriterState) -> None:

@@ -25,6 +25,7 @@ class Hit:
     confidence: float
     upvotes: int
     downvotes: int
+    conflicted: bool  # concurrent modifies disagree: `text` is one of several versions
 
 
 class Retriever:
@@ -62,7 +63,18 @@ class Retriever:
             content = view.content(record.version)
             score = float(unit(unpack_float16(content.embedding.values)) @ vector)
             if score > threshold:
-                hits.append(Hit(exp_id, content.text, record.domain, score, content.confidence, record.up, record.down))
+                hits.append(
+                    Hit(
+                        exp_id,
+                        content.text,
+                        record.domain,
+                        score,
+                        content.confidence,
+                        record.up,
+                        record.down,
+                        record.conflicted,
+                    )
+                )
         hits.sort(key=lambda hit: (-hit.score, hit.id.raw))
         return hits[:k]
 

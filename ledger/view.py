@@ -115,6 +115,9 @@ class LedgerView:
     def clock(self, cid: CID) -> int:
         return self._library.meta(self._view, cid.raw).clock
 
+    def kind(self, cid: CID) -> Kind:
+        return self._library.meta(self._view, cid.raw).kind
+
     def parents_and_clock(self, targets: Sequence[CID] = ()) -> tuple[tuple[CID, ...], int]:
         """Parents and clock for a new operation on `targets` that takes effect (docs/PROTOCOL.md §7.4).
 

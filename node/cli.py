@@ -1,7 +1,9 @@
-"""`expledger`: the command line. Offline tools first: keys, building and inspecting operations.
+"""`expledger`: the command line. A node (`init`, `daemon`), its RPC client (`status`, `add`, `get`, ...),
+and offline tools (`keygen`, `op new`, `op inspect`).
 
 Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
-0 success (or a valid operation), 1 an invalid operation, 2 bad arguments or unusable input.
+0 success (or a valid operation), 1 an invalid operation or an error the node answered, 2 bad
+arguments or unusable input, 3 no daemon answers on the home.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from ledger.keys import AuthorKey
 from ledger.ops import Block, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.validation import check_embeddings, examine
+from node import client
+from node.config import HOME_ENV, default_home
+from node.home import Home
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
@@ -404,6 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--network", metavar="FILE", help="network parameters (JSON); default: the built-in devnet parameters"
     )
     commands = parser.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--home", type=Path, default=default_home(), help=f"the node's home (default: ${HOME_ENV} or ~/.expledger)"
+    )
+    common.add_argument("--json", action="store_true", help="print the answer as JSON (for scripts)")
+
+    init = commands.add_parser(
+        "init", parents=[common], help="create a node's home (config, keys, genesis, data); safe to run again"
+    )
+    init.add_argument("--network", metavar="FILE", default=argparse.SUPPRESS, help="join this network's parameters")
+    init.add_argument("--rpc", metavar="HOST:PORT", help="where the RPC server listens (port 0: any free port)")
+    daemon = commands.add_parser("daemon", parents=[common], help="run the node in the foreground")
+    daemon.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides config.toml")
+    client.add_commands(commands, common)
 
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
     keygen.add_argument("--out", required=True, metavar="FILE", help="where to write the key; must not exist")
@@ -465,6 +484,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
         params = NetworkParams.from_file(Path(args.network)) if args.network else NetworkParams()
+        if args.command == "init":
+            for line in Home(args.home).init(params if args.network else None, args.rpc):
+                _emit(line)
+            return 0
+        if args.command == "daemon":
+            from node import daemon  # the server stack loads only for the daemon
+
+            return daemon.run(Home(args.home), args.log_level)
+        if getattr(args, "client_command", None) == "submit":
+            return client.run_command(args, _inspected_bytes(args.source, params))
+        if getattr(args, "client_command", None):
+            return client.run_command(args)
         if args.command == "keygen":
             return cmd_keygen(args)
         if args.op_command == "new":

@@ -1,0 +1,235 @@
+"""`expledger daemon`: one process, one `trio.run`: the ledger's ingest task, the RPC server, signals.
+
+Start-up refuses, with one line and exit status 2, a bad config, a second daemon on the same
+home, a port in use, or a data directory that is damaged, foreign or of another network. Once
+ready it prints `expledger daemon ready: rpc URL` and writes the URL to rpc.url and its token to
+rpc.cookie (0600). The first SIGINT/SIGTERM (or the `stop` method) stops it gracefully: no new
+requests, the requests and the ingest batch in flight finish, the index is saved, LevelDB closed,
+the cookie removed; a second signal cancels what is left, and 5 s later the process exits hard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from dataclasses import dataclass, field
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from ledger.errors import LedgerError
+from ledger.keys import AuthorKey
+from ledger.ledger import Ledger
+from ledger.store import write_file_atomically
+from node import api, logs
+from node.config import Config
+from node.events import EventHub
+from node.home import Home
+from node.jsonrpc import Dispatcher
+from node.metrics import NodeMetrics
+from node.server import ServerState, build_app
+from node.service import Node
+
+log = logging.getLogger("expledger.daemon")
+
+EXIT_REFUSED = 2
+EXIT_FORCED = 1
+EXIT_HARD = 3
+EXIT_INTERRUPTED = 130
+HARD_EXIT_AFTER = 5.0  # seconds after the second signal, for code that ignores cancellation
+GRACEFUL_TIMEOUT = 10.0  # seconds requests in flight get to finish after the first signal
+#: a peer that stops reading blocks hypercorn's shielded sends (and so any stop) until the kernel gives up
+TCP_USER_TIMEOUT_MS = 30_000
+
+
+class StartupError(Exception):
+    """The daemon cannot start; the message is the one line the user sees."""
+
+
+@dataclass(frozen=True)
+class Startup:
+    """What start-up opened: the daemon owns it until it exits."""
+
+    config: Config
+    ledger: Ledger
+    author: AuthorKey
+    sock: socket.socket
+
+
+@dataclass
+class StopControl:
+    """What the signal watcher (and the `stop` method) can do: drain (first) or cancel (second)."""
+
+    drain: trio.Event = field(default_factory=trio.Event)
+    ready: trio.Event = field(default_factory=trio.Event)
+    node_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    forced: bool = False
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """Bind here, before trio runs: a port in use is then a plain OSError, reported before anything starts."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # inherited by accepted sockets (Linux)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, TCP_USER_TIMEOUT_MS)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _running_daemon(home: Home) -> int | None:
+    """The pid of a live daemon on this home, from its pid file (a stale file, whose process is gone, is ignored)."""
+    try:
+        pid = int(home.pid_file.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() else None
+
+
+def start(home: Home, log_level: str | None = None) -> Startup:
+    """Everything that can refuse to start, in the order a user would want to hear about it."""
+    config = home.config()
+    params = home.network()
+    logs.configure(log_level or config.log.level, config.log.format)
+    pid = _running_daemon(home)
+    if pid is not None:
+        raise StartupError(f"a daemon is already running on {home.path} (pid {pid}); stop it first")
+    try:
+        sock = bind_listener(config.rpc.host, config.rpc.port)
+    except OSError as exc:
+        raise StartupError(
+            f"cannot listen on {config.rpc.listen} for RPC: {exc.strerror}; "
+            f"is another node using it? Change [rpc] listen in {home.config_file}"
+        ) from None
+    try:
+        author = home.author_key()
+        ledger = Ledger.open(home.data_dir, params)
+    except LedgerError as exc:
+        sock.close()
+        if exc.code == "store.open" and "lock" in exc.message.lower():
+            raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
+        raise
+    return Startup(config, ledger, author, sock)
+
+
+async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
+    """First SIGINT/SIGTERM: graceful stop. Second: cancel. Then a hard exit if something still hangs."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not control.ready.is_set():
+                log.warning("%s during start-up: aborting", name)
+                control.node_scope.cancel()
+                return
+            if not control.drain.is_set():
+                log.warning("%s: stopping gracefully (send it again to force)", name)
+                control.drain.set()
+                continue
+            log.warning("%s again: forcing the stop", name)
+            control.forced = True
+            control.node_scope.cancel()
+            break
+    # hypercorn's shielded socket sends and database calls in threads ignore cancellation: bound the wait
+    await trio.sleep(HARD_EXIT_AFTER)
+    log.error("still running %.0f s after a forced stop; exiting hard", HARD_EXIT_AFTER)
+    os._exit(EXIT_HARD)
+
+
+async def _serve(home: Home, startup: Startup, control: StopControl, *, task_status: trio.TaskStatus[str]) -> None:
+    config, ledger = startup.config, startup.ledger
+    metrics = NodeMetrics()
+    hub = EventHub(metrics)
+    node = Node(ledger, startup.author, config, metrics, hub)
+    dispatcher = Dispatcher(max_batch=config.rpc.max_batch, observer=metrics)
+    api.register(dispatcher, node, control.drain)
+    token = secrets.token_hex(32)
+    write_file_atomically(home.cookie_file, f"__cookie__:{token}".encode())
+    view = ledger.view()
+    state = ServerState(
+        [token, *config.rpc.tokens],
+        dispatcher,
+        hub,
+        metrics,
+        health={"network_id": ledger.params.network_id, "node": ledger.node_key.did},
+    )
+    metrics.log_size.set(view.log_size)
+    server_config = HypercornConfig()
+    server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor
+    server_config.graceful_timeout = GRACEFUL_TIMEOUT
+    server_config.read_timeout = 30  # a client that stalls mid-request is dropped
+    server_config.websocket_ping_interval = 10  # keeps listening-only websocket clients within read_timeout
+    server_config.accesslog = None
+    server_config.errorlog = logging.getLogger("hypercorn.error")
+
+    async def shutdown_trigger() -> None:
+        await control.drain.wait()
+        state.stopping.set()
+        hub.close()  # websocket subscribers get close code 1001 instead of waiting for the grace period
+
+    app = build_app(state, config.rpc.max_body_bytes)
+
+    async def serve_then_close_queue(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        await serve(app, server_config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        node.close_queue()  # every request has been answered: the ingest task drains what is queued, then ends
+
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run_ingest)
+            binds: list[str] = await nursery.start(serve_then_close_queue)
+            url = binds[0]
+            write_file_atomically(home.url_file, (url + "\n").encode())
+            task_status.started(url)
+    finally:
+        for path in (home.cookie_file, home.url_file):
+            path.unlink(missing_ok=True)
+
+
+async def _main(home: Home, startup: Startup) -> int:
+    control = StopControl()
+    async with trio.open_nursery() as nursery:
+        # opened before anything slow and outliving the node: no signal interrupts the clean-up
+        await nursery.start(_watch_signals, control)
+        with control.node_scope:
+            async with trio.open_nursery() as node_nursery:
+                url = await node_nursery.start(_serve, home, startup, control)
+                control.ready.set()
+                log.info("ready: RPC on %s (node %s)", url, startup.ledger.node_key.did)
+                print(f"expledger daemon ready: rpc {url}", flush=True)
+        nursery.cancel_scope.cancel()
+    return EXIT_FORCED if control.forced else 0
+
+
+def run(home: Home, log_level: str | None = None) -> int:
+    """Run the daemon in the foreground until it is stopped; returns the exit status."""
+    try:
+        startup = start(home, log_level)
+    except StartupError as exc:
+        print(f"expledger: error: {exc}", file=sys.stderr)
+        return EXIT_REFUSED
+    except LedgerError as exc:  # a bad config or parameter file, a damaged or foreign data directory, a key
+        print(f"expledger: error: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_REFUSED
+    write_file_atomically(home.pid_file, f"{os.getpid()}\n".encode())
+    # outside trio's signal receiver SIGTERM now raises KeyboardInterrupt like SIGINT: clean-up still runs
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    status = EXIT_INTERRUPTED
+    try:
+        status = trio.run(_main, home, startup)
+    except* KeyboardInterrupt:  # raised inside a nursery it arrives wrapped in a BaseExceptionGroup
+        log.warning("interrupted before the signal handler was ready")
+    finally:
+        startup.sock.close()  # a no-op once hypercorn owns it
+        startup.ledger.close()  # saves the vector index, closes LevelDB
+        home.pid_file.unlink(missing_ok=True)
+        log.info("stopped")
+    return status

@@ -1,0 +1,156 @@
+"""JSON-RPC 2.0 dispatch, independent of the HTTP server so it can be tested on bytes alone.
+
+Existing libraries do not fit: jsonrpcserver's async_dispatch calls asyncio.gather (fails under trio) and
+json-rpc/tinyrpc are synchronous. The spec is small enough to implement exactly.
+
+Errors: the five standard codes, and the node's own range (-32000 to -32099) whose `data` always
+carries a stable dotted `code` (the ledger's, e.g. `text.structure`) and often the `field`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from ledger.errors import LedgerError
+
+log = logging.getLogger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+#: the node's own codes; `data.code` says precisely what went wrong
+LEDGER_ERROR = -32000  # input the ledger refused (an experience that breaks a rule, a bad CID, ...)
+REJECTED = -32001  # a submitted operation was rejected: `data.errors` lists every broken rule
+NOT_FOUND = -32002  # no such experience, operation or log position here
+BUSY = -32003  # the ingest queue is full: retry later
+STOPPING = -32004  # the node is shutting down
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+class RpcError(Exception):
+    """Raised by a handler to return a JSON-RPC error object instead of a result."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+def invalid_params(field: str, message: str, code: str = "params.type") -> RpcError:
+    """The error for one bad parameter, naming it."""
+    return RpcError(INVALID_PARAMS, f"{field}: {message}", {"code": code, "field": field})
+
+
+class CallObserver(Protocol):
+    """Receives one observation per call so metrics stay out of the dispatcher."""
+
+    def observe_call(self, method: str, outcome: str, seconds: float) -> None: ...
+
+
+def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if data is not None:
+        error["data"] = data
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def _valid_id(value: Any) -> bool:
+    # bool is an int subclass; the spec allows string, number or null ids only.
+    return value is None or (isinstance(value, (str, int, float)) and not isinstance(value, bool))
+
+
+class Dispatcher:
+    """Maps method names to async handlers and turns request bytes into response bytes (or None)."""
+
+    def __init__(self, *, max_batch: int = 100, observer: CallObserver | None = None) -> None:
+        self._methods: dict[str, tuple[Handler, inspect.Signature]] = {}
+        self._max_batch = max_batch
+        self._observer = observer
+
+    def method(self, name: str) -> Callable[[Handler], Handler]:
+        """Register an async handler under a JSON-RPC method name."""
+
+        def register(handler: Handler) -> Handler:
+            self._methods[name] = (handler, inspect.signature(handler))
+            return handler
+
+        return register
+
+    @property
+    def method_names(self) -> frozenset[str]:
+        return frozenset(self._methods)
+
+    async def handle(self, body: bytes) -> bytes | None:
+        """Return the encoded response, or None when nothing must be sent (only notifications)."""
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+            return _encode(_error(None, PARSE_ERROR, "parse error", {"code": "rpc.parse", "message": str(exc)[:200]}))
+        if isinstance(payload, list):
+            if not payload:
+                return _encode(_error(None, INVALID_REQUEST, "empty batch"))
+            if len(payload) > self._max_batch:
+                return _encode(_error(None, INVALID_REQUEST, f"batch larger than {self._max_batch}"))
+            responses = [r for r in [await self._handle_one(item) for item in payload] if r is not None]
+            return _encode(responses) if responses else None
+        response = await self._handle_one(payload)
+        return None if response is None else _encode(response)
+
+    async def _handle_one(self, request: Any) -> dict[str, Any] | None:
+        if not isinstance(request, dict):
+            return _error(None, INVALID_REQUEST, "request must be an object")
+        request_id = request.get("id")
+        if not _valid_id(request_id):
+            return _error(None, INVALID_REQUEST, "id must be a string, number or null")
+        method = request.get("method")
+        params = request.get("params", [])
+        if request.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, (list, dict)):
+            return _error(request_id, INVALID_REQUEST, "not a JSON-RPC 2.0 request")
+        is_notification = "id" not in request
+        response = await self._call(method, params, request_id)
+        return None if is_notification else response
+
+    async def _call(self, method: str, params: list[Any] | dict[str, Any], request_id: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        entry = self._methods.get(method)
+        if entry is None:
+            self._observe("unknown", "method_not_found", started)
+            return _error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
+        handler, signature = entry
+        try:
+            # Bind first so a TypeError raised inside the handler is not mistaken for bad params.
+            bound = signature.bind(*params) if isinstance(params, list) else signature.bind(**params)
+        except TypeError as exc:
+            self._observe(method, "invalid_params", started)
+            return _error(request_id, INVALID_PARAMS, str(exc), {"code": "params.shape", "message": str(exc)})
+        try:
+            result = await handler(*bound.args, **bound.kwargs)
+        except RpcError as exc:
+            self._observe(method, "error", started)
+            return _error(request_id, exc.code, exc.message, exc.data)
+        except LedgerError as exc:
+            self._observe(method, "error", started)
+            return _error(request_id, LEDGER_ERROR, exc.message, {"code": exc.code, "message": exc.message})
+        except Exception:
+            log.exception("rpc method %s failed", method)
+            self._observe(method, "internal_error", started)
+            return _error(request_id, INTERNAL_ERROR, "internal error")
+        self._observe(method, "ok", started)
+        return {"jsonrpc": "2.0", "id": request_id, "result": result}
+
+    def _observe(self, method: str, outcome: str, started: float) -> None:
+        if self._observer is not None:
+            self._observer.observe_call(method, outcome, time.perf_counter() - started)
+
+
+def _encode(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

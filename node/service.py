@@ -1,0 +1,177 @@
+"""The node's core on trio: one ingest task owns every write; reads run on worker threads; events fan out.
+
+The ledger is synchronous (plyvel). Every submission, from any source, goes into one bounded
+queue; the ingest task takes what is waiting (up to `ingest.batch`) and hands it to
+`Ledger.ingest` on the single writer thread, so many small submissions share one synced write
+and the event loop never blocks. A full queue refuses a submission at once (`Busy`), never
+silently. Reads go to a separate pool of reader threads over the ledger's committed views, so a
+write in progress does not delay them (measured: reads during a 200 ms write waited 202 ms with
+one shared limiter, 11 ms with separate ones). Database calls are never abandoned on
+cancellation: closing LevelDB under a thread still reading it crashes the process.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, TypeVar
+
+import trio
+
+from ledger.cid import CID
+from ledger.ingest import Receipt, Source, Submission, Verdict
+from ledger.keys import AuthorKey
+from ledger.ledger import Ledger
+from ledger.ops import Block, Kind, Operation, sign
+from ledger.retrieval import Retriever
+from node.config import Config
+from node.events import EventHub
+from node.metrics import NodeMetrics
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+READER_THREADS = 4
+
+
+class Busy(Exception):
+    """The ingest queue is full: the submission was refused, not queued."""
+
+
+class Stopping(Exception):
+    """The node is shutting down and takes no more submissions."""
+
+
+class IngestFailed(Exception):
+    """The batch holding a submission could not be written (the ledger is unchanged; the error is logged)."""
+
+
+@dataclass(eq=False)
+class _Waiting:
+    submission: Submission
+    done: trio.Event = field(default_factory=trio.Event)
+    receipt: Receipt | None = None
+    error: BaseException | None = None
+
+
+class Node:
+    """A ledger served on trio: the ingest queue and task, reader threads, operations built for clients."""
+
+    def __init__(self, ledger: Ledger, author: AuthorKey, config: Config, metrics: NodeMetrics, hub: EventHub) -> None:
+        self.ledger = ledger
+        self.author = author
+        self.config = config
+        self.metrics = metrics
+        self.hub = hub
+        self.retriever = Retriever(ledger)
+        self.started = time.time()
+        self._send, self._receive = trio.open_memory_channel[_Waiting](config.ingest.queue)
+        self._writer = trio.CapacityLimiter(1)
+        self._readers = trio.CapacityLimiter(READER_THREADS)
+
+    # --- writes: the queue and the ingest task ----------------------------------------------------
+
+    async def submit(self, submission: Submission) -> Receipt:
+        """Queue one submission and wait until the batch holding it is durable; its receipt then."""
+        waiting = _Waiting(submission)
+        try:
+            self._send.send_nowait(waiting)
+        except trio.WouldBlock:
+            self.metrics.ingest_refused.inc()
+            raise Busy(f"the ingest queue is full ({self.config.ingest.queue} waiting); retry later") from None
+        except trio.ClosedResourceError:
+            raise Stopping("the node is stopping") from None
+        self.metrics.ingest_queue.set(self.queued())
+        await waiting.done.wait()
+        if waiting.error is not None:
+            raise IngestFailed(str(waiting.error)) from waiting.error
+        assert waiting.receipt is not None
+        return waiting.receipt
+
+    def queued(self) -> int:
+        return self._receive.statistics().current_buffer_used
+
+    def close_queue(self) -> None:
+        """Take no more submissions; the ingest task finishes what is queued, then returns."""
+        self._send.close()
+
+    async def run_ingest(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The single writer: each round takes everything waiting (up to a batch) into one synced write."""
+        task_status.started()
+        async with self._receive:
+            async for first in self._receive:
+                batch = [first]
+                while len(batch) < self.config.ingest.batch:
+                    try:
+                        batch.append(self._receive.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                self.metrics.ingest_queue.set(self.queued())
+                await self._ingest(batch)
+
+    async def _ingest(self, batch: list[_Waiting]) -> None:
+        started = time.perf_counter()
+        try:
+            receipts, released = await trio.to_thread.run_sync(
+                self._ingest_sync, [waiting.submission for waiting in batch], limiter=self._writer
+            )
+        except Exception as exc:  # a failed write changed nothing; each waiting client is told, the node goes on
+            log.exception("an ingest batch of %d submissions failed", len(batch))
+            for waiting in batch:
+                waiting.error = exc
+                waiting.done.set()
+            return
+        for waiting, receipt in zip(batch, receipts, strict=True):
+            waiting.receipt = receipt
+            waiting.done.set()
+            self.metrics.operations.labels(receipt.source.kind, receipt.verdict.value, receipt.code or "").inc()
+            if receipt.verdict is Verdict.ACCEPTED:
+                self.hub.publish(
+                    "operation", _event(receipt.cid, receipt.kind, receipt.outcome, receipt.code, receipt.source)
+                )
+        for event in released:
+            self.hub.publish("operation", event)
+        self.metrics.ingest_batch_size.observe(len(batch))
+        self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+
+    def _ingest_sync(self, submissions: list[Submission]) -> tuple[list[Receipt], list[dict[str, Any]]]:
+        """On the writer thread: ingest, then describe what the batch applied beyond its own submissions."""
+        released: list[CID] = []
+        receipts = self.ledger.ingest(submissions, released=released)
+        view = self.ledger.view()
+        events = []
+        for cid in released:
+            block, status = view.block(cid), view.status(cid)
+            assert block is not None and status is not None
+            events.append(_event(cid, block.op.kind, status.outcome.value, status.code, Source("pending")))
+        self.metrics.log_size.set(view.log_size)
+        self.metrics.pending.set(len(view.pending()))
+        return receipts, events
+
+    # --- reads on worker threads --------------------------------------------------------------
+
+    async def read(self, function: Callable[..., T], *args: Any) -> T:
+        """Run a read (of a view, the index, the embedder) on a reader thread, never on the event loop."""
+        return await trio.to_thread.run_sync(partial(function, *args), limiter=self._readers)
+
+    # --- operations made for clients ------------------------------------------------------------
+
+    def build(self, kind: Kind, targets: Sequence[CID] = (), **fields: Any) -> Block:
+        """Sign an operation by this node's author that takes effect: parents are the heads, the clock is above
+        every parent and target (on a reader thread: it reads a view and may embed a text)."""
+        parents, clock = self.ledger.view().parents_and_clock(targets)
+        op = Operation(kind, self.author.did, clock, parents, int(time.time()), **fields)
+        return sign(op, self.author)
+
+
+def _event(cid: CID | None, kind: Kind | None, outcome: str, code: str | None, source: Source) -> dict[str, Any]:
+    return {
+        "cid": str(cid),
+        "kind": kind.value if kind else None,
+        "outcome": outcome,
+        "code": code,
+        "source": source.kind,
+    }
