@@ -302,6 +302,11 @@ class Ledger:
             found = self._index.search(vector, count)
         return [(CID(exp_id), score) for exp_id, score in found]
 
+    def live_count(self) -> int:
+        """How many experiences are live (the index holds exactly those): cheap, unlike counting a view."""
+        with self._index_lock:
+            return len(self._index)
+
     def indexed(self) -> dict[bytes, bytes]:
         """Each experience id the vector index holds, with the version its vector comes from."""
         with self._index_lock:

@@ -49,7 +49,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 # --- parameter checks -----------------------------------------------------------------------------
 
 
-def _text(value: Any, field: str, *, limit: int = MAX_QUERY_CHARS, empty: bool = False) -> str:
+def _text(value: Any, field: str, limit: int = MAX_QUERY_CHARS, *, empty: bool = False) -> str:
     if not isinstance(value, str):
         raise invalid_params(field, f"expected a string, got {_type(value)}")
     if _SURROGATE.search(value):
@@ -468,7 +468,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event) -> None:
                 "state_root": view.state_root().hex(),
                 "pending": len(pending),
                 "waiting_for": [str(cid) for cid in missing[:100]],
-                "live_experiences": len(view.live_ids()),
+                "live_experiences": ledger.live_count(),
                 "index": {"status": ledger.index_status, "indexed": len(ledger.indexed())},
                 "ingest_queue": node.queued(),
                 "uptime_seconds": round(time.time() - node.started, 3),

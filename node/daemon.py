@@ -163,6 +163,8 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         health={"network_id": ledger.params.network_id, "node": ledger.node_key.did},
     )
     metrics.log_size.set(view.log_size)
+    metrics.pending.set(len(view.pending()))
+    metrics.live_experiences.set(ledger.live_count())
     server_config = HypercornConfig()
     server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor
     server_config.graceful_timeout = GRACEFUL_TIMEOUT
@@ -186,7 +188,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_ingest)
             binds: list[str] = await nursery.start(serve_then_close_queue)
-            url = binds[0]
+            url = binds[0].rstrip("/") + "/"  # the RPC endpoint is POST /
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)
     finally:

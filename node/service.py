@@ -149,6 +149,7 @@ class Node:
             events.append(_event(cid, block.op.kind, status.outcome.value, status.code, Source("pending")))
         self.metrics.log_size.set(view.log_size)
         self.metrics.pending.set(len(view.pending()))
+        self.metrics.live_experiences.set(self.ledger.live_count())
         return receipts, events
 
     # --- reads on worker threads --------------------------------------------------------------
@@ -159,10 +160,10 @@ class Node:
 
     # --- operations made for clients ------------------------------------------------------------
 
-    def build(self, kind: Kind, targets: Sequence[CID] = (), **fields: Any) -> Block:
+    def build(self, kind: Kind, on: Sequence[CID] = (), **fields: Any) -> Block:
         """Sign an operation by this node's author that takes effect: parents are the heads, the clock is above
-        every parent and target (on a reader thread: it reads a view and may embed a text)."""
-        parents, clock = self.ledger.view().parents_and_clock(targets)
+        every parent and of the experiences it acts `on` (on a reader thread: it reads a view)."""
+        parents, clock = self.ledger.view().parents_and_clock(on)
         op = Operation(kind, self.author.did, clock, parents, int(time.time()), **fields)
         return sign(op, self.author)
 
