@@ -2,7 +2,7 @@
 
 Every request but /health carries a token: the cookie the daemon writes at each start (Bitcoin
 Core's scheme: `Authorization: Basic base64("__cookie__:<token>")`, or `Bearer <token>`), or one of
-the static tokens of config.toml. Bodies are capped by Starlette before they are read (413).
+the static tokens of config.toml. A body over the limit is refused (413) as soon as its size is known.
 """
 
 from __future__ import annotations
@@ -79,7 +79,11 @@ def build_app(state: ServerState, max_body_bytes: int) -> Starlette:
                 status_code=401,
                 headers={"WWW-Authenticate": 'Basic realm="expledger", Bearer realm="expledger"'},
             )
-        body = await request.body()  # Route(max_body_size=...) turns an oversized body into 413 right here
+        body = await _read_capped(request, max_body_bytes)
+        if body is None:
+            state.metrics.http_rejected.labels("too_large").inc()
+            # the rest of the body is never read, so the connection cannot carry another request: say so
+            return Response(f"the body is larger than {max_body_bytes} bytes\n", 413, {"Connection": "close"})
         answer = await state.dispatcher.handle(body)
         if answer is None:
             return Response(status_code=204)
@@ -112,12 +116,26 @@ def build_app(state: ServerState, max_body_bytes: int) -> Starlette:
 
     return Starlette(
         routes=[
-            Route("/", rpc, methods=["POST"], max_body_size=max_body_bytes),
+            Route("/", rpc, methods=["POST"]),
             Route("/health", health),
             Route("/metrics", metrics),
             WebSocketRoute("/events", events),
         ]
     )
+
+
+async def _read_capped(request: Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it is known to exceed `limit` (from Content-Length before reading any of it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 async def _pump_events(ws: WebSocket, subscription: Subscription, metrics: NodeMetrics) -> None:
