@@ -14,6 +14,8 @@ import time
 import httpx
 import pytest
 import websockets.sync.client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledger.ops import Kind
 from tests import factories as f
@@ -416,3 +418,83 @@ def test_a_stop_during_a_stream_of_submissions_loses_nothing_acknowledged(tmp_pa
             assert restarted.call("proof.inclusion", {"cid": cid})["cid"] == cid
         assert restarted.call("status")["pending"] == 0
     assert os.path.exists(home / "data" / "tree-head.cbor")
+
+
+_METHODS = [
+    "submit",
+    "add",
+    "modify",
+    "delete",
+    "merge",
+    "vote",
+    "get",
+    "list",
+    "history",
+    "retrieve",
+    "context",
+    "coverage",
+    "head",
+    "proof.inclusion",
+    "proof.consistency",
+    "state_root",
+    "status",
+]  # every method but stop
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4),
+    max_leaves=10,
+)
+_params = st.one_of(
+    _json,
+    st.dictionaries(
+        st.sampled_from(
+            [
+                "text",
+                "domain",
+                "confidence",
+                "id",
+                "target",
+                "targets",
+                "query",
+                "k",
+                "cid",
+                "operation",
+                "old_size",
+                "size",
+                "value",
+                "reason",
+                "limit",
+                "cursor",
+                "threshold",
+                "queries",
+            ]
+        ),
+        _json,
+        max_size=5,
+    ),
+)
+_requests = st.fixed_dictionaries(
+    {"jsonrpc": st.sampled_from(["2.0", "2.0", "2.0", "1.0"]), "method": st.one_of(st.sampled_from(_METHODS), _json)},
+    optional={"id": st.one_of(st.integers(), st.text(max_size=8), st.none(), st.booleans()), "params": _params},
+)
+
+
+def _valid_response(answer: object) -> None:
+    assert isinstance(answer, dict) and answer.get("jsonrpc") == "2.0" and "id" in answer, answer
+    assert ("result" in answer) != ("error" in answer), answer
+    if "error" in answer:
+        assert isinstance(answer["error"]["code"], int) and isinstance(answer["error"]["message"], str), answer
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(_requests, st.lists(_requests, min_size=1, max_size=4), _json))
+def test_generated_requests_get_valid_json_rpc_answers(node, body):
+    response = node.post(json.dumps(body))
+    assert response.status_code in (200, 204), response.text
+    if response.status_code == 204:
+        assert response.content == b""
+    else:
+        answer = response.json()
+        for item in answer if isinstance(answer, list) else [answer]:
+            _valid_response(item)
+    assert node.http.get(node.url + "health").json()["status"] == "ok"
