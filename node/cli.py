@@ -420,8 +420,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--network", metavar="FILE", default=argparse.SUPPRESS, help="join this network's parameters")
     init.add_argument("--rpc", metavar="HOST:PORT", help="where the RPC server listens (port 0: any free port)")
-    daemon = commands.add_parser("daemon", parents=[common], help="run the node in the foreground")
+    daemon = commands.add_parser("daemon", parents=[common], help="run the node (in the foreground unless --detach)")
     daemon.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides config.toml")
+    daemon.add_argument(
+        "--detach", action="store_true", help="run in the background (logs to HOME/daemon.log); return once it is ready"
+    )
     client.add_commands(commands, common)
 
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
@@ -491,6 +494,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "daemon":
             from node import daemon  # the server stack loads only for the daemon
 
+            if args.detach:
+                return daemon.detach(Home(args.home), args.log_level)
             return daemon.run(Home(args.home), args.log_level)
         if getattr(args, "client_command", None) == "submit":
             return client.run_command(args, _inspected_bytes(args.source, params))

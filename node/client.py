@@ -10,6 +10,7 @@ import argparse
 import itertools
 import json
 import sys
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -204,10 +205,24 @@ def run_command(args: argparse.Namespace, operation: bytes | None = None) -> int
         if args.json and exc.data is not None:
             print(json.dumps(exc.data, indent=2))
         return EXIT_REFUSED
+    if method == "stop":
+        return _wait_until_stopped(Home(args.home))
     if args.json:
         print(json.dumps(result, indent=2, ensure_ascii=False))
     else:
         print(render(method, result))
+    return 0
+
+
+def _wait_until_stopped(home: Home, timeout: float = 120.0) -> int:
+    """`stop` returns once the daemon has finished (its pid file is gone): the next command may use the home."""
+    deadline = time.monotonic() + timeout
+    while home.pid_file.exists():
+        if time.monotonic() > deadline:
+            print(f"expledger: error: daemon.stop: still running after {timeout:.0f} s", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        time.sleep(0.05)
+    print("stopped")
     return 0
 
 
@@ -252,8 +267,6 @@ def render(method: str, result: Any) -> str:
         return _table(["SCORE", "ID", "DOMAIN", "TEXT"], rows) if rows else "no experience above the threshold"
     if method == "context":
         return result["prompt"]
-    if method == "stop":
-        return "stopping"
     return "\n".join(
         f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}" for key, value in result.items()
     )

@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import os
 import secrets
+import select
 import signal
 import socket
+import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -42,6 +45,8 @@ EXIT_FORCED = 1
 EXIT_HARD = 3
 EXIT_INTERRUPTED = 130
 HARD_EXIT_AFTER = 5.0  # seconds after the second signal, for code that ignores cancellation
+DETACH_TIMEOUT = 120.0  # seconds `--detach` waits for the background daemon to say it is ready
+LOG_FILE = "daemon.log"  # a detached daemon's stderr, in its home
 GRACEFUL_TIMEOUT = 10.0  # seconds requests in flight get to finish after the first signal
 #: a peer that stops reading blocks hypercorn's shielded sends (and so any stop) until the kernel gives up
 TCP_USER_TIMEOUT_MS = 30_000
@@ -235,3 +240,40 @@ def run(home: Home, log_level: str | None = None) -> int:
         home.pid_file.unlink(missing_ok=True)
         log.info("stopped")
     return status
+
+
+def detach(home: Home, log_level: str | None = None) -> int:
+    """Start the daemon in the background (its own session, logs in HOME/daemon.log) and return once it is
+    ready, or with its error if it could not start: a script can use the node on the next line."""
+    home.require()
+    argv = [sys.executable, "-m", "node.cli", "daemon", "--home", str(home.path)]
+    if log_level:
+        argv += ["--log-level", log_level]
+    log_path = home.path / LOG_FILE
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True
+        )
+    assert child.stdout is not None
+    deadline = time.monotonic() + DETACH_TIMEOUT
+    while (remaining := deadline - time.monotonic()) > 0:
+        if not select.select([child.stdout], [], [], remaining)[0]:
+            continue
+        line = child.stdout.readline().decode(errors="replace").strip()
+        if not line:  # it exited before it was ready
+            break
+        if line.startswith("expledger daemon ready"):  # the daemon's only line on stdout
+            child.stdout.close()
+            print(f"{line} (pid {child.pid}, logs in {log_path})")
+            return 0
+    status = child.poll()
+    if status is None:
+        child.terminate()
+        print(
+            f"expledger: error: the daemon did not get ready within {DETACH_TIMEOUT:.0f} s; see {log_path}",
+            file=sys.stderr,
+        )
+        return EXIT_REFUSED
+    errors = [line for line in log_path.read_text(errors="replace").splitlines() if "error" in line][-1:]
+    print(errors[0] if errors else f"expledger: error: the daemon exited ({status}); see {log_path}", file=sys.stderr)
+    return EXIT_REFUSED
