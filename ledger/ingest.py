@@ -147,6 +147,7 @@ class Checked:
     errors: tuple[LedgerError, ...] = ()
     ignored: bool = False
     first: int | None = None  # the earlier position of the same bytes in this batch
+    kind: Kind | None = None  # once the bytes decoded
 
 
 def triage(submissions: Sequence[Submission], params: NetworkParams, stored: ReadView) -> list[Checked]:
@@ -184,6 +185,7 @@ def triage(submissions: Sequence[Submission], params: NetworkParams, stored: Rea
             item.ignored = True
             continue
         block, errors = examine(data, params)
+        item.kind = block.op.kind if block else None
         item.block, item.errors = (block, ()) if not errors else (None, tuple(errors))
     return checked
 

@@ -174,7 +174,7 @@ def experience_from_json(obj: Any, embedder: Embedder) -> Experience:
     for index, label in enumerate(domain_value if isinstance(domain_value, list) else ()):
         _text(label, f"domain[{index}]")
     try:
-        confidence = float(_field(obj, "confidence", (int, float)))
+        confidence = float(_field(obj, "confidence", (int, float))) + 0.0  # + 0.0: a JSON -0.0 is 0
     except OverflowError:
         confidence = math.inf
     if not math.isfinite(confidence):

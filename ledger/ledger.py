@@ -250,12 +250,14 @@ class Ledger:
                         first = dataclasses.replace(first, verdict=Verdict.IGNORED, repeated=True)
                     receipts.append(dataclasses.replace(first, source=source))
                 elif item.errors:
-                    receipts.append(Receipt(item.cid, Verdict.REJECTED, errors=item.errors, source=source))
+                    receipts.append(
+                        Receipt(item.cid, Verdict.REJECTED, errors=item.errors, source=source, kind=item.kind)
+                    )
                 else:
                     assert item.cid is not None
                     verdict = Verdict.IGNORED if item.ignored else Verdict.ACCEPTED
                     status = view.status(item.cid)
-                    kind = item.block.op.kind if item.block else view.kind(item.cid)
+                    kind = item.kind or view.kind(item.cid)
                     receipts.append(Receipt(item.cid, verdict, status, source=source, kind=kind))
             return receipts
 

@@ -7,7 +7,7 @@ from a view always matches the log it describes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ledger.cid import CID
@@ -147,8 +147,9 @@ class LedgerView:
     def votes(self, exp_id: CID) -> dict[str, Vote]:
         return self._library.votes(self._view, exp_id.raw)
 
-    def experiences(self, start: CID | None = None) -> list[ExperienceRecord]:
-        return list(self._library.experiences(self._view, start.raw if start else None))
+    def experiences(self, start: CID | None = None) -> Iterator[ExperienceRecord]:
+        """Every experience record in id order, from `start` on, read as the caller goes."""
+        return self._library.experiences(self._view, start.raw if start else None)
 
     def live_ids(self, domain_prefix: str = "") -> list[CID]:
         """Live experiences whose domain equals `domain_prefix` or lies under it (all when empty)."""

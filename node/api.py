@@ -171,6 +171,8 @@ def _history(view: LedgerView, exp_id: CID) -> list[dict[str, Any]]:
             entry["text"] = op.content.text
         if op.vote is not None:
             entry["vote"] = op.vote
+        if op.reason is not None:
+            entry["reason"] = op.reason
         entries.append(((op.clock, cid.raw), {**entry, "status": status.to_json()}))
     return [entry for _, entry in sorted(entries, key=lambda item: item[0])]
 
@@ -227,9 +229,6 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event) -> None:
                 fields[name] = value
         if source is not None:
             fields["metadata"] = {"source": source}
-        for name in ("text", "domain"):
-            if isinstance(fields.get(name), str):
-                _text(fields[name], name, limit=params.max_op_bytes)
         return fields
 
     def existing(view: LedgerView, exp_id: CID, field: str) -> ExperienceRecord:

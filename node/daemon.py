@@ -174,7 +174,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor
     server_config.graceful_timeout = GRACEFUL_TIMEOUT
     server_config.read_timeout = 30  # a client that stalls mid-request is dropped
-    server_config.websocket_ping_interval = 10  # keeps listening-only websocket clients within read_timeout
+    # pings keep listening-only websocket clients within read_timeout; a stop waits for the ping timer of
+    # every websocket open in the last interval, so it is short
+    server_config.websocket_ping_interval = 2
     server_config.accesslog = None
     server_config.errorlog = logging.getLogger("hypercorn.error")
 

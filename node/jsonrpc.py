@@ -97,9 +97,11 @@ class Dispatcher:
             return _encode(_error(None, PARSE_ERROR, "parse error", {"code": "rpc.parse", "message": str(exc)[:200]}))
         if isinstance(payload, list):
             if not payload:
-                return _encode(_error(None, INVALID_REQUEST, "empty batch"))
+                return _encode(_error(None, INVALID_REQUEST, "empty batch", _code("rpc.invalid_request")))
             if len(payload) > self._max_batch:
-                return _encode(_error(None, INVALID_REQUEST, f"batch larger than {self._max_batch}"))
+                return _encode(
+                    _error(None, INVALID_REQUEST, f"batch larger than {self._max_batch}", _code("rpc.batch_size"))
+                )
             responses = [r for r in [await self._handle_one(item) for item in payload] if r is not None]
             return _encode(responses) if responses else None
         response = await self._handle_one(payload)
@@ -107,14 +109,14 @@ class Dispatcher:
 
     async def _handle_one(self, request: Any) -> dict[str, Any] | None:
         if not isinstance(request, dict):
-            return _error(None, INVALID_REQUEST, "request must be an object")
+            return _error(None, INVALID_REQUEST, "request must be an object", _code("rpc.invalid_request"))
         request_id = request.get("id")
         if not _valid_id(request_id):
-            return _error(None, INVALID_REQUEST, "id must be a string, number or null")
+            return _error(None, INVALID_REQUEST, "id must be a string, number or null", _code("rpc.invalid_request"))
         method = request.get("method")
         params = request.get("params", [])
         if request.get("jsonrpc") != "2.0" or not isinstance(method, str) or not isinstance(params, (list, dict)):
-            return _error(request_id, INVALID_REQUEST, "not a JSON-RPC 2.0 request")
+            return _error(request_id, INVALID_REQUEST, "not a JSON-RPC 2.0 request", _code("rpc.invalid_request"))
         is_notification = "id" not in request
         response = await self._call(method, params, request_id)
         return None if is_notification else response
@@ -124,7 +126,7 @@ class Dispatcher:
         entry = self._methods.get(method)
         if entry is None:
             self._observe("unknown", "method_not_found", started)
-            return _error(request_id, METHOD_NOT_FOUND, f"method not found: {method}")
+            return _error(request_id, METHOD_NOT_FOUND, f"method not found: {method}", _code("rpc.method_not_found"))
         handler, signature = entry
         try:
             # Bind first so a TypeError raised inside the handler is not mistaken for bad params.
@@ -135,7 +137,7 @@ class Dispatcher:
         try:
             result = await handler(*bound.args, **bound.kwargs)
         except RpcError as exc:
-            self._observe(method, "error", started)
+            self._observe(method, "invalid_params" if exc.code == INVALID_PARAMS else "error", started)
             return _error(request_id, exc.code, exc.message, exc.data)
         except LedgerError as exc:
             self._observe(method, "error", started)
@@ -150,6 +152,10 @@ class Dispatcher:
     def _observe(self, method: str, outcome: str, started: float) -> None:
         if self._observer is not None:
             self._observer.observe_call(method, outcome, time.perf_counter() - started)
+
+
+def _code(code: str) -> dict[str, str]:
+    return {"code": code}
 
 
 def _encode(value: Any) -> bytes:
