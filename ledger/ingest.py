@@ -240,21 +240,14 @@ class Batch:
         self._move_heads(self.applied)
         txn.put(STATE_ROOT, self._root.to_bytes())
         new_ops = {block.cid.raw: block.op for block in blocks}
-        self.fold = self._library.fold(
-            txn,
-            self._store,
-            [(cid, new_ops[cid] if cid in new_ops else load_stored(txn.get(block_key(cid)))) for cid in self.applied],
-        )
+        ops = [new_ops[cid] if cid in new_ops else load_stored(txn.get(block_key(cid))) for cid in self.applied]
+        self.fold = self._library.fold(txn, list(zip(self.applied, ops, strict=True)))
 
     def refold(self, applied: list[tuple[bytes, Operation]]) -> None:
         """Clear the library's tables and fold every applied operation again (a rebuild, logged as it goes)."""
         self._library.clear(self.txn, self._store)
         self.fold = self._library.fold(
-            self.txn,
-            self._store,
-            applied,
-            lambda done, total: log.info("refolded %d/%d operations", done, total),
-            from_empty=True,
+            self.txn, applied, lambda done, total: log.info("refolded %d/%d operations", done, total)
         )
 
     def commit(self) -> WriterState:

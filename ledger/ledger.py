@@ -264,7 +264,6 @@ class Ledger:
     def _publish(self, batch: Batch, state: WriterState) -> None:
         """After the commit: the library's vectors, the index (never behind a view), views; the mark last."""
         assert batch.fold is not None
-        self.library.publish(batch.fold)
         self.refolded += batch.fold.refolded
         self._state = state
         self._update_index(batch.fold)
@@ -280,10 +279,10 @@ class Ledger:
     def _update_index(self, fold: Fold) -> None:
         """Bring the index in line with a committed batch: the live vectors it changed, in one batched insert.
 
-        The fold already knows each changed experience's visible version and vector (its overlay
-        of the live vectors, which the index mirrors), so nothing is read back from the store.
+        The fold already knows each experience whose live version it changed, and that version's
+        vector, so nothing is read back from the store.
         """
-        changes = fold.vectors.changes
+        changes = fold.changes
         live = {exp_id: change for exp_id, change in changes.items() if change is not None}
         removals = [exp_id for exp_id, change in changes.items() if change is None]
         with self._index_lock:
@@ -344,10 +343,7 @@ class Ledger:
             log.info("rebuilding the library from %d applied operations", len(applied))
             batch = Batch(self.store, self.library, self._state)
             batch.refold([(cid.raw, load_stored(self.store.get(block_key(cid.raw)))) for cid in applied])
-            state = batch.commit()
-            assert batch.fold is not None
-            self.library.publish(batch.fold)
-            self._state = state
+            self._state = batch.commit()
             self.rebuild_index("the library was rebuilt")
             self._snapshot = self.store.snapshot()
 

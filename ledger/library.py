@@ -1,72 +1,98 @@
-"""The materialized library: a deterministic fold of the applied operations in canonical order.
+"""The materialized library: a deterministic fold of the applied operations, one component at a time.
 
-Canonical order is (Lamport clock, binary CID). The library is the result of folding every
-applied operation in that order with the rules of docs/PROTOCOL.md §7, so it depends only on the
-SET of operations. Each fold step records how to undo itself; an operation that arrives late and
-sorts before already-folded ones undoes the tail, takes its place, and folds the tail again.
+The library is a pure function of the SET of applied operations (docs/PROTOCOL.md §7). Votes are
+tallied without regard to order: each author's latest vote counts (§7.7). Every other operation
+belongs to a *component*: experiences linked by near-duplicate edges (§7.6) and by merges, with
+the operations acting on them. No rule reads outside its component, so a component's records are
+the fold of its own operations in canonical order (Lamport clock, binary CID), and an operation
+that arrives late refolds its component only, not the library (§7.5). One that sorts after
+everything in its component, the usual case, is folded on top.
 
-The library owns its tables (X experiences, D by domain, V statuses, U undo, O order, T by
-target, Y votes). Reading takes any `ReadView`; folding writes into the batch's transaction and
-keeps every in-memory change in a `Fold` that the ledger publishes only after the batch commits.
+The library owns its tables (X experiences, D by domain, V statuses, O order, T by target, Y and
+R votes, C/G/Q components, E near-duplicate edges, Z hash buckets, F add vectors). Reading takes
+any `ReadView`; folding writes into the batch's transaction and returns a `Fold` of what changed
+for the vector index, which the ledger publishes after the commit. It keeps no per-experience
+state in memory.
 """
 
 from __future__ import annotations
 
-import operator
 import struct
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
 
 from ledger import codec
-from ledger.cid import CID, CID_LENGTH
+from ledger.cid import CID
 from ledger.embedder import unit, unpack_float16
+from ledger.neardup import band_keys, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
 from ledger.store import (
+    BUCKET,
     BY_DOMAIN,
     BY_TARGET,
+    COMPONENT,
+    COMPONENT_OP,
+    COUNTED,
     EXPERIENCE,
+    MEMBER,
+    NEAR,
     ORDER,
     STATUS,
-    UNDO,
+    VECTOR,
     VOTES,
     ReadView,
     Transaction,
     block_key,
+    bucket_key,
+    bucket_prefix,
     by_domain_key,
     by_domain_prefix,
     by_target_key,
     by_target_prefix,
     cid_of_key,
+    component_key,
+    component_op_key,
+    component_op_prefix,
+    counted_key,
+    counted_prefix,
     experience_key,
-    is_experience_key,
+    member_key,
+    member_prefix,
+    near_key,
+    near_prefix,
     opmeta_key,
     order_cid,
     order_key,
     ordered_key,
+    parse_bucket_key,
     parse_by_domain_key,
     parse_by_target_key,
+    parse_component_op_key,
+    parse_member_key,
+    parse_near_key,
     parse_ordered_key,
     parse_votes_key,
     status_key,
-    undo_key,
+    vector_key,
     votes_key,
     votes_prefix,
 )
 
 _KINDS = list(Kind)
+_KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
 _META_HEAD = struct.Struct(">QBBB")
 _META_CACHE_LIMIT = 200_000
 #: the float32 pre-filter may not drop a true near-duplicate: its error is far below this margin
 _PREFILTER_MARGIN = 1e-3
-#: near-duplicate candidates are scored this many adds at a time
-_CHUNK = 64
 #: the tables the fold writes; a rebuild clears them
-TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, UNDO, ORDER, BY_TARGET, VOTES)
+TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP, NEAR,
+          BUCKET, VECTOR)  # fmt: skip
+_CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +116,8 @@ class OpMeta:
     @classmethod
     def decode(cls, raw: bytes) -> OpMeta:
         clock, kind, n_parents, n_targets = _META_HEAD.unpack_from(raw)
-        links = raw[_META_HEAD.size :]
-        cut = n_parents * CID_LENGTH
-        parents = tuple(links[i : i + CID_LENGTH] for i in range(0, cut, CID_LENGTH))
-        targets = tuple(links[i : i + CID_LENGTH] for i in range(cut, cut + n_targets * CID_LENGTH, CID_LENGTH))
-        return cls(clock, _KINDS[kind], parents, targets)
+        links = [raw[i : i + 36] for i in range(_META_HEAD.size, len(raw), 36)]
+        return cls(clock, _KINDS[kind], tuple(links[:n_parents]), tuple(links[n_parents : n_parents + n_targets]))
 
     @property
     def dependencies(self) -> list[bytes]:
@@ -102,200 +125,86 @@ class OpMeta:
         return list(dict.fromkeys(self.parents + self.targets))
 
 
-def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
-    """cos(a, b) > threshold for float16 vectors, decided exactly with integers (identical on every machine).
-
-    Every float16 is an integer multiple of 2^-24, so scaled values, their dot product and norms
-    are exact integers; cos > p/q  <=>  dot > 0 and q²·dot² > p²·|a|²·|b|² (for p/q >= 0).
-    """
-    scale = float(1 << 24)
-    ints_a = (np.frombuffer(a, dtype="<f2").astype(np.float64) * scale).astype(np.int64).tolist()
-    ints_b = (np.frombuffer(b, dtype="<f2").astype(np.float64) * scale).astype(np.int64).tolist()
-    dot = sum(map(operator.mul, ints_a, ints_b))
-    if dot <= 0:
-        return False
-    norm_a = sum(x * x for x in ints_a)
-    norm_b = sum(x * x for x in ints_b)
-    p, q = threshold.numerator, threshold.denominator
-    return q * q * dot * dot > p * p * norm_a * norm_b
-
-
-class _Rows:
-    """A growable float32 matrix of unit vectors with one row per experience id (freed rows reused)."""
-
-    def __init__(self, dim: int) -> None:
-        self.matrix = np.zeros((1024, dim), dtype=np.float32)
-        self.row: dict[bytes, int] = {}
-        self.ids: list[bytes | None] = []
-        self._free: list[int] = []
-
-    def set(self, exp_id: bytes, vector: np.ndarray) -> None:
-        row = self.row.get(exp_id)
-        if row is None:
-            row = self._free.pop() if self._free else len(self.ids)
-            if row == len(self.ids):
-                self.ids.append(None)
-            if row >= len(self.matrix):
-                self.matrix = np.vstack([self.matrix, np.zeros_like(self.matrix)])
-            self.row[exp_id] = row
-            self.ids[row] = exp_id
-        self.matrix[row] = vector
-
-    def remove(self, exp_id: bytes) -> None:
-        row = self.row.pop(exp_id, None)
-        if row is not None:
-            self.matrix[row] = 0.0
-            self.ids[row] = None
-            self._free.append(row)
-
-    def above(self, scores: np.ndarray, floor: float) -> list[bytes]:
-        """The ids of rows whose score exceeds `floor`."""
-        return [exp_id for row in np.nonzero(scores > floor)[0].tolist() if (exp_id := self.ids[row]) is not None]
-
-    def scores(self, queries: np.ndarray) -> np.ndarray:
-        return self.matrix[: len(self.ids)] @ queries
-
-
-class LiveVectors:
-    """Unit float32 vectors of the committed live experiences, to pre-filter near-duplicate candidates.
-
-    Changed only by `Library.publish` after a batch commits; a fold sees its own changes through
-    its `_VectorOverlay`. The filter may let through vectors that are not near-duplicates (the
-    exact test decides), but never drops one.
-    """
-
-    def __init__(self, dim: int) -> None:
-        self.rows = _Rows(dim)
-        self.raw: dict[bytes, bytes] = {}  # experience id -> float16 values of its visible version
-        self.version: dict[bytes, bytes] = {}
-
-    def set(self, exp_id: bytes, version: bytes, values: bytes) -> None:
-        self.rows.set(exp_id, unit(unpack_float16(values)))
-        self.raw[exp_id] = values
-        self.version[exp_id] = version
-
-    def remove(self, exp_id: bytes) -> None:
-        if exp_id in self.raw:
-            self.rows.remove(exp_id)
-            del self.raw[exp_id], self.version[exp_id]
-
-
-class _VectorOverlay:
-    """One batch's changes to the live vectors, over the committed ones (which stay as they are).
-
-    The adds the fold will meet are scored against the committed rows a chunk at a time, in one
-    matrix product; the few rows this batch changed are scored separately.
-    """
-
-    def __init__(self, base: LiveVectors) -> None:
-        self.base = base
-        self._rows = _Rows(base.rows.matrix.shape[1])
-        #: experience id -> (version, values) now live, or None: no longer live. In change order.
-        self.changes: dict[bytes, tuple[bytes, bytes] | None] = {}
-        self._plan: list[tuple[bytes, bytes]] = []
-        self._plan_index: dict[bytes, int] = {}
-        self._prepared: dict[bytes, int] = {}
-        self._scores = np.zeros((0, 0), dtype=np.float32)
-
-    def set(self, exp_id: bytes, version: bytes, values: bytes) -> None:
-        if self.version(exp_id) != version:
-            self.changes[exp_id] = (version, values)
-            self._rows.set(exp_id, unit(unpack_float16(values)))
-
-    def remove(self, exp_id: bytes) -> None:
-        if self.version(exp_id) is not None:
-            self.changes[exp_id] = None
-            self._rows.remove(exp_id)
-
-    def version(self, exp_id: bytes) -> bytes | None:
-        if exp_id in self.changes:
-            change = self.changes[exp_id]
-            return change[0] if change else None
-        return self.base.version.get(exp_id)
-
-    def values(self, exp_id: bytes) -> bytes:
-        change = self.changes.get(exp_id)
-        return change[1] if change else self.base.raw[exp_id]
-
-    def plan(self, upcoming: list[tuple[bytes, bytes]]) -> None:
-        """The adds the fold will meet, in order (key, float16 values); they are scored in chunks."""
-        self._plan = upcoming
-        self._plan_index = {key: index for index, (key, _) in enumerate(upcoming)}
-        self._prepared = {}
-
-    def _prepare(self, start: int) -> None:
-        chunk = self._plan[start : start + _CHUNK]
-        self._prepared = {key: column for column, (key, _) in enumerate(chunk)}
-        self._scores = self.base.rows.scores(np.stack([unit(unpack_float16(values)) for _, values in chunk]).T)
-
-    def candidates(self, values: bytes, threshold: float, key: bytes) -> list[bytes]:
-        floor = threshold - _PREFILTER_MARGIN
-        if key not in self._prepared and key in self._plan_index:
-            self._prepare(self._plan_index[key])
-        column = self._prepared.get(key)
-        query = unit(unpack_float16(values))
-        scores = self._scores[:, column] if column is not None else self.base.rows.scores(query)
-        committed = [exp_id for exp_id in self.base.rows.above(scores, floor) if exp_id not in self.changes]
-        return committed + self._rows.above(self._rows.scores(query), floor)
-
-
 @dataclass
 class Fold:
-    """Everything one batch's fold changed outside its transaction, published after the commit."""
+    """What one batch's fold changed outside its transaction, for the ledger to publish after the commit."""
 
-    vectors: _VectorOverlay
     operations: dict[bytes, Operation]  # the new operations being folded (not yet in the store)
+    #: experiences whose live version changed: the version and its float16 embedding, or None (not live now)
+    changes: dict[bytes, tuple[bytes, bytes] | None] = field(default_factory=dict)
     refolded: int = 0  # operations folded again because a late one sorted before them
     changed: bool = False  # whether any operation was folded (the library's generation moves on)
 
 
-class _Step:
-    """The writes of one fold step, remembering each key's previous value so the step can be undone.
+class _Records:
+    """Reads and writes of experience records during one fold, with the domain index kept in step.
 
-    Reads are cached for the step, so a key read by the rules costs nothing more when the step
-    writes it and must remember its old value.
+    Remembers each record as it was before this fold touched it, so the fold can tell afterwards
+    which live versions and which aliases changed.
     """
 
-    def __init__(self, library: Library, txn: Transaction, fold: Fold) -> None:
-        self._library = library
-        self._txn = txn
-        self._fold = fold
-        self.undo: list[list[bytes | None]] = []
-        self._touched: set[bytes] = set()
-        self._raw: dict[bytes, bytes | None] = {}
-        self._records: dict[bytes, ExperienceRecord | None] = {}
+    def __init__(self, txn: Transaction) -> None:
+        self.txn = txn
+        self._current: dict[bytes, ExperienceRecord | None] = {}
+        self.before: dict[bytes, ExperienceRecord | None] = {}
 
     def get(self, key: bytes) -> bytes | None:
-        if key not in self._raw:
-            self._raw[key] = self._txn.get(key)
-        return self._raw[key]
+        return self.txn.get(key)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
-        return self._txn.scan(prefix, start)
+        return self.txn.scan(prefix, start)
 
     def record(self, exp_id: bytes) -> ExperienceRecord | None:
-        """The experience record as this step last wrote it; a copy the caller may change and put back."""
-        if exp_id not in self._records:
-            raw = self.get(experience_key(exp_id))
-            self._records[exp_id] = ExperienceRecord.unpack(raw) if raw is not None else None
-        found = self._records[exp_id]
+        """The record as this fold last wrote it; a copy the caller may change and put back."""
+        if exp_id not in self._current:
+            raw = self.txn.get(experience_key(exp_id))
+            self._current[exp_id] = ExperienceRecord.unpack(raw) if raw is not None else None
+            self.before[exp_id] = self._current[exp_id]
+        found = self._current[exp_id]
         return found.copy() if found is not None else None
 
-    def put_record(self, record: ExperienceRecord) -> ExperienceRecord | None:
-        """Write `record`; returns the previous version (to maintain the domain index)."""
+    def put(self, record: ExperienceRecord) -> None:
         exp_id = record.id.raw
-        self.record(exp_id)
-        old = self._records[exp_id]
-        self._records[exp_id] = record
-        self.put(experience_key(exp_id), record.pack(), record)
-        return old
+        old = self.record(exp_id)
+        self._current[exp_id] = record
+        self.txn.put(experience_key(exp_id), record.pack())
+        was = by_domain_key(old.domain, exp_id) if old and old.live else None
+        now = by_domain_key(record.domain, exp_id) if record.live else None
+        if was != now:
+            if was is not None:
+                self.txn.delete(was)
+            if now is not None:
+                self.txn.put(now, b"")
 
-    def put(self, key: bytes, value: bytes | None, record: ExperienceRecord | None = None) -> None:
-        if key not in self._touched:
-            self._touched.add(key)
-            self.undo.append([key, self.get(key)])
-        self._raw[key] = value
-        self._library.write_state(self._txn, self._fold, key, value, record)
+    def drop(self, exp_id: bytes) -> None:
+        """Remove a record (a component is folded again from nothing)."""
+        old = self.record(exp_id)
+        if old is not None:
+            self.txn.delete(experience_key(exp_id))
+            if old.live:
+                self.txn.delete(by_domain_key(old.domain, exp_id))
+        self._current[exp_id] = None
+
+    def resolved(self, exp_id: bytes) -> bytes | None:
+        """The experience standing for `exp_id` now (following aliases); None if `exp_id` has no record."""
+        record = self.record(exp_id)
+        if record is None:
+            return None
+        while record is not None and record.status is Life.ALIAS:
+            assert record.alias_of is not None
+            exp_id = record.alias_of.raw
+            record = self.record(exp_id)
+        return exp_id
+
+
+@dataclass
+class _Work:
+    """One batch's fold in progress: the components it must fold, and from which position."""
+
+    fold: Fold
+    records: _Records
+    dirty: dict[bytes, bytes] = field(default_factory=dict)  # component -> the earliest new order in it
+    new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
 
 
 def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
@@ -310,9 +219,6 @@ class Library:
         self._threshold = Fraction(params.near_duplicate_cosine)
         # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it.
         self._meta: dict[bytes, OpMeta] = {}
-        # Invariant: equals the live experiences of the last published commit (None: not loaded yet).
-        # Only the writer touches it, in `fold` (to read) and `publish` (to change).
-        self._vectors: LiveVectors | None = None
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -346,14 +252,13 @@ class Library:
         assert op.content is not None
         return op.content
 
-    def resolve(self, view: ReadView | _Step, exp_id: bytes) -> bytes:
+    def resolve(self, view: ReadView, exp_id: bytes) -> bytes:
         """Follow aliases (merged or absorbed experiences) to the experience that stands for them."""
-        read = view.record if isinstance(view, _Step) else lambda key: self.record(view, key)
-        record = read(exp_id)
+        record = self.record(view, exp_id)
         while record is not None and record.status is Life.ALIAS:
             assert record.alias_of is not None
             exp_id = record.alias_of.raw
-            record = read(exp_id)
+            record = self.record(view, exp_id)
         return exp_id
 
     @staticmethod
@@ -381,16 +286,17 @@ class Library:
 
     @staticmethod
     def votes(view: ReadView, exp_id: bytes) -> dict[str, Vote]:
-        """Each author's counted vote on an experience."""
+        """Each author's latest vote naming an experience (what counts is tallied on the experience it resolves to)."""
         return {parse_votes_key(key)[1]: Vote.unpack(raw) for key, raw in view.scan(votes_prefix(exp_id))}
 
     def snapshot(self, view: ReadView) -> bytes:
-        """Every experience record, operation status and counted vote: equal bytes, equal library."""
+        """Every experience record, operation status and vote: equal bytes, equal library."""
         return codec.encode(
             {
                 "experiences": [raw for _, raw in view.scan(EXPERIENCE)],
                 "statuses": [[CID(cid_of_key(key)), raw] for key, raw in view.scan(STATUS)],
                 "votes": [[key, raw] for key, raw in view.scan(VOTES)],
+                "counted": [[key, raw] for key, raw in view.scan(COUNTED)],
             }
         )
 
@@ -434,267 +340,340 @@ class Library:
 
     # --- writing (the writer only) -------------------------------------------------------------
 
-    def _load_vectors(self, view: ReadView) -> LiveVectors:
-        """The committed live vectors (built once, lazily: the first fold after start-up pays it)."""
-        vectors = LiveVectors(self._params.embedding_dim)
-        for record in self.experiences(view):
-            if record.live:
-                version = record.version.raw
-                vectors.set(record.id.raw, version, self.content(view, version).embedding.values)
-        return vectors
-
     def clear(self, txn: Transaction, view: ReadView) -> None:
         """Delete every table the fold writes (a rebuild folds everything again from nothing)."""
         for table in TABLES:
             for key, _ in view.scan(table):
                 txn.delete(key)
 
-    def write_state(
-        self, txn: Transaction, fold: Fold, key: bytes, value: bytes | None, record: ExperienceRecord | None = None
-    ) -> None:
-        """Every write to fold state goes here, so the batch's vectors follow the experience records."""
-        txn.put(key, value)
-        if not is_experience_key(key):
-            return
-        exp_id = cid_of_key(key)
-        if record is None and value is not None:
-            record = ExperienceRecord.unpack(value)
-        if record is not None and record.live:
-            version = record.version.raw
-            if fold.vectors.version(exp_id) != version:
-                fold.vectors.set(exp_id, version, self.content(txn, version, fold.operations).embedding.values)
-        else:
-            fold.vectors.remove(exp_id)
-
-    def publish(self, fold: Fold) -> None:
-        """Make a committed batch's vector changes the committed state."""
-        base = fold.vectors.base
-        for exp_id, change in fold.vectors.changes.items():
-            if change is None:
-                base.remove(exp_id)
-            else:
-                base.set(exp_id, *change)
-        self._vectors = base
-
     def fold(
         self,
         txn: Transaction,
-        committed: ReadView,
         ready: list[tuple[bytes, Operation]],
         progress: Callable[[int, int], None] | None = None,
-        *,
-        from_empty: bool = False,
     ) -> Fold:
-        """Fold newly applied operations; refold the tail when one sorts before already-folded ones.
-
-        Reads through `txn` and writes into it, and changes nothing else: the returned Fold is what
-        `publish` applies once the transaction has committed. `committed` is the state the
-        transaction started from (to load the live vectors the first time); `from_empty` folds
-        onto an empty library (a rebuild). `progress(done, total)` is called every 10,000 folded
-        operations (long rebuilds).
-        """
-        if from_empty:
-            base = LiveVectors(self._params.embedding_dim)
-        else:
-            if self._vectors is None:
-                self._vectors = self._load_vectors(committed)
-            base = self._vectors
-        fold = Fold(_VectorOverlay(base), dict(ready), changed=bool(ready))
-        new_keys: dict[bytes, Operation] = {}
-        start = None
-        for cid_raw, op in ready:
-            order = order_key(op.clock, cid_raw)
-            meta = self.meta(txn, cid_raw)
-            for target in meta.targets:
-                txn.put(by_target_key(target, order), bytes([_KINDS.index(op.kind)]))
-            void = self.clock_void(txn, meta)
-            if void is not None:
-                # void wherever it sorts and read by no rule: record it in place, refold nothing
-                txn.put(ordered_key(order), b"")
-                txn.put(undo_key(cid_raw), codec.pack([[status_key(cid_raw), txn.get(status_key(cid_raw))]]))
-                txn.put(status_key(cid_raw), void.pack())
-                continue
-            new_keys[order] = op
-            start = order if start is None or order < start else start
-        if start is None:
-            return fold
-        for order, op in new_keys.items():
-            if op.kind in (Kind.DELETE, Kind.MODIFY):
-                assert op.target is not None
-                for merge in self._merges_naming(txn, op.target.raw):
-                    # a merge folded earlier must be folded again unless this operation saw it
-                    if merge < start and not self.is_ancestor(txn, order_cid(merge), order_cid(order)):
-                        start = merge
-        tail = [parse_ordered_key(key) for key, _ in txn.scan(ORDER, ordered_key(start))]
-        fold.refolded = len(tail)
-        for order in reversed(tail):
-            self._undo(txn, fold, order_cid(order))
-        for order in new_keys:
+        """Fold newly applied operations: place each in its component, fold the components they changed,
+        then count the votes. Writes only into `txn`; the returned Fold says what the index must follow.
+        `progress(done, total)` is called every 10,000 placed operations (long rebuilds)."""
+        work = _Work(Fold(dict(ready), changed=bool(ready)), _Records(txn))
+        votes = []
+        ordered = sorted(ready, key=lambda item: order_key(item[1].clock, item[0]))
+        for done, (cid, op) in enumerate(ordered, 1):
+            order = order_key(op.clock, cid)
+            meta = self.meta(txn, cid)
             txn.put(ordered_key(order), b"")
-        fold.vectors.plan(
-            [
-                (order_cid(order), op.content.embedding.values)
-                for order, op in sorted(new_keys.items())
-                if op.kind is Kind.ADD and op.content
-            ]
-        )
-        sequence = sorted([*tail, *new_keys])
-        for done, order in enumerate(sequence, 1):
-            self._fold_one(txn, fold, order_cid(order), new_keys.get(order))
+            for target in meta.targets:
+                txn.put(by_target_key(target, order), _KIND_BYTE[op.kind])
+            void = self.clock_void(txn, meta)
+            if void is not None:  # void wherever it sorts, and read by no rule: recorded in place
+                txn.put(status_key(cid), void.pack())
+            elif op.kind is Kind.VOTE:
+                votes.append((cid, op))
+            else:
+                self._place(work, cid, op, meta, order)
             if progress and done % 10_000 == 0:
-                progress(done, len(sequence))
-        return fold
+                progress(done, len(ordered))
+        for component, start in list(work.dirty.items()):
+            self._fold_component(work, component, start)
+        self._publish_changes(work)
+        for cid, op in votes:
+            self._count_vote(work, cid, op)
+        return work.fold
 
-    def _merges_naming(self, view: ReadView, target: bytes) -> Iterator[bytes]:
-        merge = bytes([_KINDS.index(Kind.MERGE)])
-        for key, kind in view.scan(by_target_prefix(target)):
-            if kind == merge:
-                yield parse_by_target_key(key)
+    # --- components (§7.5) -------------------------------------------------------------------------
 
-    def _undo(self, txn: Transaction, fold: Fold, cid_raw: bytes) -> None:
-        undo = codec.unpack(txn.get(undo_key(cid_raw)))
-        for key, old in reversed(undo):
-            self.write_state(txn, fold, key, old)
-        txn.delete(undo_key(cid_raw))
-
-    def _fold_one(self, txn: Transaction, fold: Fold, cid_raw: bytes, op: Operation | None) -> None:
-        if op is None:
-            op = load_stored(txn.get(block_key(cid_raw)))
-        step = _Step(self, txn, fold)
-        status = self._rule(step, fold, cid_raw, op)
-        step.put(status_key(cid_raw), status.pack())
-        txn.put(undo_key(cid_raw), codec.pack(step.undo))
-
-    # --- the rules (docs/PROTOCOL.md §7) -------------------------------------------------------
-
-    def _rule(self, step: _Step, fold: Fold, cid: bytes, op: Operation) -> OpStatus:
-        meta = self.meta(step, cid)
-        void = self.clock_void(step, meta)
-        if void is not None:
-            return void
+    def _place(self, work: _Work, cid: bytes, op: Operation, meta: OpMeta, order: bytes) -> None:
+        """Put an operation into its component (joining the components it links), or record it void."""
+        txn = work.records.txn
         for target in meta.targets:
-            if step.get(experience_key(target)) is None:
-                return OpStatus.void("target.not_experience", f"target {CID(target)} did not create an experience")
+            # an add or merge void by its clock created no experience: like a vote as target, void wherever it sorts
+            if self.meta(txn, target).kind not in _CREATES or txn.get(component_key(target)) is None:
+                txn.put(status_key(cid), _not_experience(target).pack())
+                return
+        if op.kind in _CREATES:
+            component = cid
+            txn.put(component_key(cid), cid)
+            txn.put(member_key(cid, cid), b"")
+        else:
+            found = txn.get(component_key(meta.targets[0]))
+            assert found is not None, "an applied target has been placed"
+            component = found
+        txn.put(component_op_key(component, order), b"")
+        work.new.add(order)
+        start = order
+        if op.kind in (Kind.DELETE, Kind.MODIFY):
+            # a merge of the target is void if this operation is concurrent with it, wherever it sorts (§7.4)
+            for key, kind in txn.scan(by_target_prefix(meta.targets[0])):
+                merge = parse_by_target_key(key)
+                if kind == _KIND_BYTE[Kind.MERGE] and not self.is_ancestor(txn, order_cid(merge), cid):
+                    start = min(start, merge)
+        work.dirty[component] = min(start, work.dirty.get(component, start))
+        links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
-            return self._add(step, fold, cid, op)
+            assert op.content is not None
+            links = self._link_near_duplicates(txn, cid, order, op.content.embedding.values)
+        for other in links:
+            found = txn.get(component_key(other))
+            assert found is not None
+            component = self._join(work, component, found)
+
+    def _link_near_duplicates(self, txn: Transaction, cid: bytes, order: bytes, values: bytes) -> list[bytes]:
+        """Index an add by its hash bands and link it to the adds that are near-duplicates of it (§7.6)."""
+        params = self._params
+        candidates: set[bytes] = set()
+        bands = band_keys(values, params.embedding_model, params.embedding_dim)
+        for band in bands:
+            for key, _ in txn.scan(bucket_prefix(band)):
+                candidates.add(order_cid(parse_bucket_key(key, band)))
+            txn.put(bucket_key(band, order), b"")
+        txn.put(vector_key(cid), values)
+        candidates.discard(cid)
+        if not candidates:
+            return []
+        others = sorted(candidates)
+        stored = [txn.get(vector_key(other)) or b"" for other in others]
+        # a float32 pre-filter first; the exact integer test decides
+        scores = np.stack([unit(unpack_float16(raw)) for raw in stored]) @ unit(unpack_float16(values))
+        floor = float(self._threshold) - _PREFILTER_MARGIN
+        near = [
+            other
+            for other, raw, score in zip(others, stored, scores.tolist(), strict=True)
+            if score > floor and exact_cosine_exceeds(values, raw, self._threshold)
+        ]
+        for other in near:
+            txn.put(near_key(cid, other), b"")
+            txn.put(near_key(other, cid), b"")
+        return near
+
+    def _join(self, work: _Work, a: bytes, b: bytes) -> bytes:
+        """Join two components (the smaller moves into the larger); returns the joined one's id."""
+        if a == b:
+            return a
+        txn = work.records.txn
+        members = {c: [parse_member_key(k) for k, _ in txn.scan(member_prefix(c))] for c in (a, b)}
+        keep, move = (a, b) if len(members[a]) >= len(members[b]) else (b, a)
+        for exp_id in members[move]:
+            txn.delete(member_key(move, exp_id))
+            txn.put(member_key(keep, exp_id), b"")
+            txn.put(component_key(exp_id), keep)
+        for key, _ in list(txn.scan(component_op_prefix(move))):
+            txn.delete(key)
+            txn.put(component_op_key(keep, parse_component_op_key(key)), b"")
+        starts = [start for start in (work.dirty.pop(move, None), work.dirty.get(keep)) if start is not None]
+        assert starts, "the component being placed into is dirty"
+        # both halves were folded apart, which is right for all their operations before the first new one
+        work.dirty[keep] = min(starts)
+        return keep
+
+    def _fold_component(self, work: _Work, component: bytes, start: bytes) -> None:
+        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again."""
+        txn, records = work.records.txn, work.records
+        orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
+        members = [parse_member_key(key) for key, _ in txn.scan(member_prefix(component))]
+        again = any(order >= start and order not in work.new for order in orders)
+        if again:
+            for exp_id in members:
+                records.drop(exp_id)
+            for order in orders:
+                txn.delete(status_key(order_cid(order)))
+            work.fold.refolded += sum(1 for order in orders if order not in work.new)
+        for order in orders if again else [order for order in orders if order in work.new]:
+            cid = order_cid(order)
+            op = work.fold.operations.get(cid) or load_stored(txn.get(block_key(cid)))
+            txn.put(status_key(cid), self._rule(records, cid, op).pack())
+        if any(_stands_for(records.before.get(exp_id)) != _stands_for(records.record(exp_id)) for exp_id in members):
+            self._tally(work, members)
+        elif again:  # the same experiences stand for the same ones: the votes count as they did
+            for exp_id in members:
+                before, now = records.before.get(exp_id), records.record(exp_id)
+                if before is not None and now is not None and (before.up, before.down) != (now.up, now.down):
+                    now.up, now.down = before.up, before.down
+                    records.put(now)
+
+    def _publish_changes(self, work: _Work) -> None:
+        """The live versions this fold changed, for the vector index."""
+        records, fold = work.records, work.fold
+        for exp_id, before in records.before.items():
+            now = records.record(exp_id)
+            was = before.version.raw if before is not None and before.live else None
+            version = now.version.raw if now is not None and now.live else None
+            if was != version:
+                values = self.content(records.txn, version, fold.operations).embedding.values if version else None
+                fold.changes[exp_id] = (version, values) if version and values else None
+
+    # --- votes (§7.7) ----------------------------------------------------------------------------
+
+    def _count_vote(self, work: _Work, cid: bytes, op: Operation) -> None:
+        """Keep the author's latest vote on its target, and count it for the experience that stands for it."""
+        txn, records = work.records.txn, work.records
+        assert op.target is not None and op.vote is not None
+        target = op.target.raw
+        if self.meta(txn, target).kind not in _CREATES or txn.get(component_key(target)) is None:
+            txn.put(status_key(cid), _not_experience(target).pack())
+            return
+        vote = Vote(op.clock, CID(cid), op.vote)
+        key = votes_key(target, op.author)
+        raw = txn.get(key)
+        if raw is None or vote.later_than(Vote.unpack(raw)):
+            txn.put(key, vote.pack())
+        root = records.resolved(target)
+        if root is None:  # a merge that is void created no experience
+            txn.put(status_key(cid), _not_experience(target).pack())
+            return
+        txn.put(status_key(cid), OpStatus.applied(target).pack())
+        counted_raw = txn.get(counted_key(root, op.author))
+        counted = Vote.unpack(counted_raw) if counted_raw is not None else None
+        if counted is not None and not vote.later_than(counted):
+            return
+        record = records.record(root)
+        assert record is not None
+        _count(record, counted, -1)
+        _count(record, vote, +1)
+        txn.put(counted_key(root, op.author), vote.pack())
+        records.put(record)
+
+    def _tally(self, work: _Work, members: list[bytes]) -> None:
+        """Count every vote on a component's experiences again: which experience stands for which changed."""
+        txn, records = work.records.txn, work.records
+        latest: dict[tuple[bytes, str], Vote] = {}
+        vote = _KIND_BYTE[Kind.VOTE]
+        for exp_id in members:
+            for key, _ in list(txn.scan(counted_prefix(exp_id))):
+                txn.delete(key)
+            root = records.resolved(exp_id)
+            status = OpStatus.applied(exp_id) if root is not None else _not_experience(exp_id)
+            for key, kind in txn.scan(by_target_prefix(exp_id)):
+                voter = order_cid(parse_by_target_key(key))
+                if kind == vote and self.clock_void(txn, self.meta(txn, voter)) is None:
+                    txn.put(status_key(voter), status.pack())  # a vote counts only on an experience that exists
+            if root is None:
+                continue
+            for key, raw in txn.scan(votes_prefix(exp_id)):
+                author, cast = parse_votes_key(key)[1], Vote.unpack(raw)
+                if (root, author) not in latest or cast.later_than(latest[(root, author)]):
+                    latest[(root, author)] = cast
+        for exp_id in members:
+            record = records.record(exp_id)
+            if record is not None and (record.up, record.down) != (0, 0):
+                record.up = record.down = 0
+                records.put(record)
+        for (root, author), cast in sorted(latest.items()):
+            record = records.record(root)
+            assert record is not None
+            _count(record, cast, +1)
+            records.put(record)
+            txn.put(counted_key(root, author), cast.pack())
+
+    # --- the rules (docs/PROTOCOL.md §7.4) ------------------------------------------------------------
+
+    def _rule(self, records: _Records, cid: bytes, op: Operation) -> OpStatus:
+        meta = self.meta(records.txn, cid)
+        for target in meta.targets:
+            if records.record(target) is None:
+                return _not_experience(target)
+        if op.kind is Kind.ADD:
+            return self._add(records, cid, op)
         if op.kind is Kind.MERGE:
-            return self._merge(step, cid, op, meta)
-        exp_id = self.resolve(step, meta.targets[0])
-        record = step.record(exp_id)
+            return self._merge(records, cid, op, meta)
+        exp_id = records.resolved(meta.targets[0])
+        assert exp_id is not None
+        record = records.record(exp_id)
         assert record is not None
         if op.kind is Kind.MODIFY:
-            return self._modify(step, fold, cid, record)
-        if op.kind is Kind.DELETE:
-            record.status = Life.DELETED
-            record.deleted_by = _sorted_cids([*(c.raw for c in record.deleted_by), cid])
-            self._put_experience(step, record)
-            return OpStatus.applied(exp_id)
-        assert op.vote is not None
-        self._vote(step, record, op.author, Vote(op.clock, CID(cid), op.vote))
-        self._put_experience(step, record)
+            return self._modify(records, cid, record, op)
+        record.status = Life.DELETED
+        record.deleted_by = _sorted_cids([*(c.raw for c in record.deleted_by), cid])
+        records.put(record)
         return OpStatus.applied(exp_id)
 
-    @staticmethod
-    def _vote(step: _Step, record: ExperienceRecord, author: str, vote: Vote) -> None:
-        """Count `vote` for `record` if it is the author's latest (by clock, then CID)."""
-        key = votes_key(record.id.raw, author)
-        raw = step.get(key)
-        current = Vote.unpack(raw) if raw is not None else None
-        if current is not None and not vote.later_than(current):
-            return
-        if current is not None:
-            if current.value > 0:
-                record.up -= 1
-            else:
-                record.down -= 1
-        if vote.value > 0:
-            record.up += 1
-        else:
-            record.down += 1
-        step.put(key, vote.pack())
-
-    def _add(self, step: _Step, fold: Fold, cid: bytes, op: Operation) -> OpStatus:
+    def _add(self, records: _Records, cid: bytes, op: Operation) -> OpStatus:
+        """A new experience, absorbed into the canonically earliest earlier add it nearly duplicates (§7.6)."""
         assert op.content is not None
         record = _new_record(cid, op, support=1)
-        similar = self._earliest_similar(step, fold, cid, op.content.embedding.values)
-        if similar is None:
-            self._put_experience(step, record)
+        earlier = [
+            (self.meta(records.txn, other).clock, other)
+            for other in (parse_near_key(key) for key, _ in records.txn.scan(near_prefix(cid)))
+        ]
+        mine = (op.clock, cid)
+        earliest = min((rank for rank in earlier if rank < mine), default=None)
+        if earliest is None:
+            records.put(record)
             return OpStatus.applied(cid)
-        into = step.record(similar)
-        assert into is not None
-        into.support += 1
-        into.absorbed = _sorted_cids([*(c.raw for c in into.absorbed), cid])
-        record.status, record.alias_of = Life.ALIAS, CID(similar)
-        self._put_experience(step, into)
-        self._put_experience(step, record)
-        return OpStatus(Outcome.ABSORBED, into=CID(similar))
+        into = earliest[1]
+        root = records.resolved(into)
+        assert root is not None, "an earlier add in the component has been folded"
+        stands = records.record(root)
+        assert stands is not None
+        stands.support += 1
+        stands.absorbed = _sorted_cids([*(c.raw for c in stands.absorbed), cid])
+        record.status, record.alias_of = Life.ALIAS, CID(into)
+        records.put(stands)
+        records.put(record)
+        return OpStatus(Outcome.ABSORBED, into=CID(into))
 
-    def _earliest_similar(self, step: _Step, fold: Fold, cid: bytes, values: bytes) -> bytes | None:
-        """The canonically earliest live experience with exact cosine above the near-duplicate threshold."""
-        best: tuple[int, bytes] | None = None
-        for exp_id in fold.vectors.candidates(values, float(self._threshold), cid):
-            if exact_cosine_exceeds(values, fold.vectors.values(exp_id), self._threshold):
-                record = step.record(exp_id)
-                assert record is not None
-                rank = (record.clock, exp_id)
-                best = rank if best is None or rank < best else best
-        return best[1] if best else None
-
-    def _modify(self, step: _Step, fold: Fold, cid: bytes, record: ExperienceRecord) -> OpStatus:
+    def _modify(self, records: _Records, cid: bytes, record: ExperienceRecord, op: Operation) -> OpStatus:
         if record.status is Life.DELETED:
             return OpStatus.void("superseded.deleted", "its experience was deleted (delete beats modify)")
+        assert op.content is not None
         old_heads = [head.raw for head in record.heads]
-        seen = self.ancestors_among(step, old_heads, cid) if old_heads else set()
+        seen = self.ancestors_among(records, old_heads, cid) if old_heads else set()
         heads = [head for head in old_heads if head not in seen] + [cid]
-        winner = min(heads, key=lambda head: (-self.meta(step, head).clock, head))
+        winner = min(heads, key=lambda head: (-self.meta(records, head).clock, head))
         record.heads = _sorted_cids(heads)
         record.version = CID(winner)
-        record.domain = ".".join(self.content(step, winner, fold.operations).domain)
-        self._put_experience(step, record)
+        record.domain = ".".join(op.content.domain if winner == cid else self.content(records, winner).domain)
+        records.put(record)
         return OpStatus.applied(record.id.raw)
 
-    def _merge(self, step: _Step, cid: bytes, op: Operation, meta: OpMeta) -> OpStatus:
-        delete, modify = bytes([_KINDS.index(Kind.DELETE)]), bytes([_KINDS.index(Kind.MODIFY)])
+    def _merge(self, records: _Records, cid: bytes, op: Operation, meta: OpMeta) -> OpStatus:
+        delete, modify = _KIND_BYTE[Kind.DELETE], _KIND_BYTE[Kind.MODIFY]
         for target in meta.targets:
-            for key, kind in step.scan(by_target_prefix(target)):
+            for key, kind in records.scan(by_target_prefix(target)):
                 other = order_cid(parse_by_target_key(key))
-                if self.clock_void(step, self.meta(step, other)) is not None:
+                if self.clock_void(records, self.meta(records, other)) is not None:
                     continue  # void by its clock: it acts on nothing, not even a merge
-                if kind == delete and not self.is_ancestor(step, cid, other):
+                if kind == delete and not self.is_ancestor(records, cid, other):
                     return OpStatus.void(
                         "merge.concurrent_delete", f"{CID(other)} deletes a source (delete beats merge)"
                     )
-                if kind == modify and not self.is_ancestor(step, other, cid) and not self.is_ancestor(step, cid, other):
+                if (
+                    kind == modify
+                    and not self.is_ancestor(records, other, cid)
+                    and not self.is_ancestor(records, cid, other)
+                ):
                     return OpStatus.void(
                         "merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)"
                     )
-        roots = sorted({self.resolve(step, target) for target in meta.targets})
-        sources = [step.record(root) for root in roots]
+        roots = sorted({records.resolved(target) for target in meta.targets})  # type: ignore[type-var]
+        sources = [records.record(root) for root in roots]
         if any(source is None or source.status is Life.DELETED for source in sources):
             return OpStatus.void("merge.target_deleted", "a source was deleted before the merge")
         record = _new_record(cid, op, support=sum(source.support for source in sources if source))
         record.absorbed = _sorted_cids(roots)
-        for root in roots:  # every author's latest vote on any source counts for the merged experience
-            for key, raw in step.scan(votes_prefix(root)):
-                self._vote(step, record, parse_votes_key(key)[1], Vote.unpack(raw))
         for source in sources:
             assert source is not None
             source.status, source.alias_of = Life.ALIAS, CID(cid)
-            self._put_experience(step, source)
-        self._put_experience(step, record)
+            records.put(source)
+        records.put(record)
         return OpStatus.applied(cid)
 
-    @staticmethod
-    def _put_experience(step: _Step, record: ExperienceRecord) -> None:
-        exp_id = record.id.raw
-        old = step.put_record(record)
-        was = by_domain_key(old.domain, exp_id) if old and old.live else None
-        now = by_domain_key(record.domain, exp_id) if record.live else None
-        if was != now:
-            if was is not None:
-                step.put(was, None)
-            if now is not None:
-                step.put(now, b"")
+
+def _stands_for(record: ExperienceRecord | None) -> tuple[bool, CID | None]:
+    """What decides where an experience's votes count: whether it exists, and what it is an alias of."""
+    return (record is not None, record.alias_of if record is not None else None)
+
+
+def _count(record: ExperienceRecord, vote: Vote | None, sign: int) -> None:
+    if vote is None:
+        return
+    if vote.value > 0:
+        record.up += sign
+    else:
+        record.down += sign
+
+
+def _not_experience(target: bytes) -> OpStatus:
+    return OpStatus.void("target.not_experience", f"target {CID(target)} did not create an experience")
 
 
 def _new_record(cid: bytes, op: Operation, support: int) -> ExperienceRecord:

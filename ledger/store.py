@@ -23,8 +23,8 @@ FORMAT = b"experience-ledger/store/1"
 
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
-# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, U,
-# O, T, Y.
+# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
+# T, Y, R, C, G, Q, E, Z, F.
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> operation bytes
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -37,15 +37,23 @@ HEAD = b"H"  # H cid -> "" (applied operations that no applied operation names a
 BY_AUTHOR = b"A"  # A author did, 0x00, u64 seq -> cid
 BY_TARGET = b"T"  # T target cid, order -> kind byte (applied operations naming a target)
 ORDER = b"O"  # O order (u64 clock, cid) -> "" (applied operations in canonical order)
-UNDO = b"U"  # U cid -> how to undo that operation's fold step
 EXPERIENCE = b"X"  # X experience id -> experience record
 BY_DOMAIN = b"D"  # D domain path, 0x00, experience id -> "" (live experiences)
 STATUS = b"V"  # V cid -> what the fold made of that operation
-VOTES = b"Y"  # Y experience id, author did -> [clock, cid, value] of the vote that counts
+VOTES = b"Y"  # Y experience id, author did -> the author's latest vote naming that experience
+COUNTED = b"R"  # R root experience id, author did -> the author's vote that counts for that root
+COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by near-duplicates and merges)
+MEMBER = b"G"  # G component id, experience id -> ""
+COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
+NEAR = b"E"  # E add cid, add cid -> "" (near-duplicates: both directions)
+BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds)
+VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
 
 U64 = struct.Struct(">Q")
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD))
+_SCANNABLE = frozenset(
+    tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, NEAR, BUCKET)
+)
 
 FORMAT_KEY = META + b"format"
 LOG_SIZE = META + b"log_size"
@@ -152,10 +160,6 @@ def parse_by_target_key(key: bytes) -> bytes:
     return key[1 + CID_LENGTH :]
 
 
-def undo_key(cid: bytes) -> bytes:
-    return UNDO + cid
-
-
 def experience_key(exp_id: bytes) -> bytes:
     return EXPERIENCE + exp_id
 
@@ -191,8 +195,77 @@ def votes_key(exp_id: bytes, author: str) -> bytes:
 
 
 def parse_votes_key(key: bytes) -> tuple[bytes, str]:
-    """(experience id, author did)."""
+    """(experience id, author did) of a VOTES or COUNTED key."""
     return key[1 : 1 + CID_LENGTH], key[1 + CID_LENGTH :].decode()
+
+
+def counted_prefix(root: bytes) -> bytes:
+    return COUNTED + root
+
+
+def counted_key(root: bytes, author: str) -> bytes:
+    return COUNTED + root + author.encode()
+
+
+def component_key(exp_id: bytes) -> bytes:
+    return COMPONENT + exp_id
+
+
+def member_prefix(component: bytes) -> bytes:
+    return MEMBER + component
+
+
+def member_key(component: bytes, exp_id: bytes) -> bytes:
+    return MEMBER + component + exp_id
+
+
+def parse_member_key(key: bytes) -> bytes:
+    """The experience id of a MEMBER key."""
+    return key[1 + CID_LENGTH :]
+
+
+def component_op_prefix(component: bytes) -> bytes:
+    return COMPONENT_OP + component
+
+
+def component_op_key(component: bytes, order: bytes) -> bytes:
+    return COMPONENT_OP + component + order
+
+
+def parse_component_op_key(key: bytes) -> bytes:
+    """The order (clock, CID) of a COMPONENT_OP key."""
+    return key[1 + CID_LENGTH :]
+
+
+def near_prefix(add: bytes) -> bytes:
+    return NEAR + add
+
+
+def near_key(add: bytes, other: bytes) -> bytes:
+    return NEAR + add + other
+
+
+def parse_near_key(key: bytes) -> bytes:
+    """The other add of a NEAR key."""
+    return key[1 + CID_LENGTH :]
+
+
+def bucket_prefix(band: bytes) -> bytes:
+    """`band` is a band key (band number and hash) from `ledger.neardup.band_keys`."""
+    return BUCKET + band
+
+
+def bucket_key(band: bytes, order: bytes) -> bytes:
+    return BUCKET + band + order
+
+
+def parse_bucket_key(key: bytes, band: bytes) -> bytes:
+    """The order (clock, CID) of a BUCKET key under `band`."""
+    return key[1 + len(band) :]
+
+
+def vector_key(add: bytes) -> bytes:
+    return VECTOR + add
 
 
 def join_cids(cids: list[bytes]) -> bytes:

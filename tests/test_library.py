@@ -224,7 +224,12 @@ def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
 
 def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_path):
     ops = [f.add(f.SEED_TEXTS[i], f.author(i + 1)) for i in range(3)]
-    late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(9))  # duplicate of ops[0]
+    # a near-duplicate of ops[0] with the same clock that sorts before it: ops[0] must be folded again
+    late = next(
+        block
+        for key in range(9, 60)
+        if (block := f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(key))).cid < ops[0].cid
+    )
     tail = [op(Kind.VOTE, key=2, clock=2 + i, parents=[ops[0].cid], target=ops[0].cid, vote=1) for i in range(3)]
     incremental = open_ledger(tmp_path / "inc")
     for block in [*ops, *tail]:

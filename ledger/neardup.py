@@ -1,0 +1,65 @@
+"""Near-duplicate candidates without scanning the library: locality-sensitive hashing fixed by the protocol.
+
+Every node must reach the same verdict, so the candidate rule is part of the protocol
+(docs/PROTOCOL.md §7.6): the hyperplanes come from SHAKE-256 of a fixed label and the embedding
+model, each sign is computed exactly in integers, and the exact cosine test decides among the
+candidates. Two embeddings at angle θ agree on one random hyperplane with probability 1 - θ/π; a
+band of `BITS` hyperplanes collides with probability (1 - θ/π)^BITS, and a pair is a candidate when
+any of `BANDS` bands collides. At the default near-duplicate threshold (cos 0.99, θ = 8.1°) a pair
+is missed with probability (1 - 0.955^32)^32 = 2.4e-4, at cos 0.996 (trivial edits) with 3e-7;
+unrelated experiences collide rarely (bench/bench_neardup.py measures both).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import struct
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+BITS = 32  # hyperplanes per band: a band's hash is one unsigned 32-bit integer
+BANDS = 32
+_LABEL = b"experience-ledger/lsh/1"
+_BAND = struct.Struct(">BI")  # band number, band hash
+
+
+@lru_cache(maxsize=4)
+def hyperplanes(model: str, dim: int) -> np.ndarray:
+    """(dim, BITS * BANDS) entries of +1 or -1, one bit of SHAKE-256(label ‖ model ‖ dim) each."""
+    seed = _LABEL + model.encode() + b"\x00" + dim.to_bytes(4, "big")
+    count = dim * BITS * BANDS
+    bits = np.unpackbits(np.frombuffer(hashlib.shake_256(seed).digest(count // 8), dtype=np.uint8))
+    return (bits.astype(np.int64) * 2 - 1).reshape(dim, BITS * BANDS)
+
+
+def scaled(values: bytes) -> np.ndarray:
+    """float16 values as exact integers (each is a multiple of 2^-24)."""
+    return (np.frombuffer(values, dtype="<f2").astype(np.float64) * (1 << 24)).astype(np.int64)
+
+
+def band_keys(values: bytes, model: str, dim: int) -> list[bytes]:
+    """The BANDS band keys (band number, band hash) of a float16 embedding; bit i of a band is the sign of the
+    exact integer dot product with hyperplane i (a zero product counts as positive)."""
+    signs = (scaled(values) @ hyperplanes(model, dim)) >= 0  # exact: |products| < 2^40 * dim
+    weights = np.left_shift(np.uint64(1), np.arange(BITS, dtype=np.uint64))
+    hashes = (signs.reshape(BANDS, BITS).astype(np.uint64) * weights).sum(axis=1)
+    return [_BAND.pack(band, int(value)) for band, value in enumerate(hashes)]
+
+
+def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
+    """cos(a, b) > threshold for float16 vectors, decided exactly with integers (identical on every machine).
+
+    Every float16 is an integer multiple of 2^-24, so scaled values, their dot product and norms
+    are exact integers; cos > p/q  <=>  dot > 0 and q²·dot² > p²·|a|²·|b|² (for p/q >= 0).
+    """
+    ints_a, ints_b = scaled(a).tolist(), scaled(b).tolist()
+    dot = sum(map(operator.mul, ints_a, ints_b))
+    if dot <= 0:
+        return False
+    norm_a = sum(x * x for x in ints_a)
+    norm_b = sum(x * x for x in ints_b)
+    p, q = threshold.numerator, threshold.denominator
+    return q * q * dot * dot > p * p * norm_a * norm_b
