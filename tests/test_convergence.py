@@ -1,11 +1,14 @@
 """The heart of the project: the same SET of operations gives the same library, whatever the arrival order."""
 
+import itertools
 import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.ledgers import open_ledger, random_history
+from ledger.ops import Kind
+from tests import factories as f
+from tests.ledgers import ACTIONS, CONTEXTS, open_ledger, random_history
 
 
 def _deliveries(rng: random.Random, blocks: list, count: int) -> list[list[list[bytes]]]:
@@ -40,6 +43,92 @@ def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_fa
         assert ledger.view().pending() == [] and ledger.view().missing() == set()
         results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.rebuild_library()
+        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        ledger.close()
+    assert len(results) == 1
+
+
+def _late_operations(rng: random.Random, history: list, count: int, keys: int = 5) -> list:
+    """Valid operations that sort before most of `history`: clock-1 adds (some nearly duplicating history's),
+    and low-clock votes, modifies, deletes and merges of its earliest experiences, none with parents."""
+    early = [b for b in history if b.op.kind is Kind.ADD and b.op.clock <= 2]
+    late = []
+    for number in range(count):
+        key = f.author(10 + rng.randrange(keys))
+        roll = rng.random()
+        if roll < 0.4 or not early:
+            text = f"When {rng.choice(CONTEXTS)}, {rng.choice(ACTIONS)}."
+            late.append(f.signed(f.operation(Kind.ADD, clock=1, content=f.content(text)), key))
+            continue
+        target = rng.choice(early)
+        clock = target.op.clock + 1 + rng.randrange(2)
+        if roll < 0.7:
+            fields = {"target": target.cid, "vote": rng.choice((1, -1))}
+            kind = Kind.VOTE
+        elif roll < 0.8:
+            kind, fields = (
+                Kind.MODIFY,
+                {"target": target.cid, "content": f.content(f"When {rng.choice(CONTEXTS)}, {ACTIONS[number % 4]}.")},
+            )
+        elif roll < 0.9:
+            kind, fields = Kind.DELETE, {"target": target.cid, "reason": "proven incorrect"}
+        else:
+            others = [b for b in early if b.cid != target.cid]
+            if not others:
+                continue
+            other = rng.choice(others)
+            targets = tuple(sorted((target.cid, other.cid)))
+            clock = 1 + max(target.op.clock, other.op.clock)
+            kind, fields = (
+                Kind.MERGE,
+                {"targets": targets, "reason": "same", "content": f.content(f"When {CONTEXTS[0]}, merge.")},
+            )
+        late.append(f.signed(f.operation(kind, clock=clock, **fields), key))
+    return late
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, seed):
+    """A node that folded a long history, then receives operations that sort before almost all of it, one by
+    one, holds what a node that received everything at once, in another order, holds."""
+    rng = random.Random(seed)
+    history = random_history(rng, 240)
+    late = _late_operations(rng, history, 25)
+    incremental = open_ledger(tmp_path_factory.mktemp("incremental"))
+    for start in range(0, len(history), 40):
+        incremental.ingest([b.data for b in history[start : start + 40]])
+    for block in late:
+        assert incremental.submit(block.data).outcome != "invalid"
+    everything = [b.data for b in [*history, *late]]
+    rng.shuffle(everything)
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once.ingest(everything)
+    assert incremental.view().snapshot() == at_once.view().snapshot()
+    assert incremental.view().state_root() == at_once.view().state_root()
+    incremental.close()
+    at_once.close()
+
+
+def test_near_duplicate_adds_in_every_order_converge(tmp_path):
+    """Four adds of one insight (exact and near copies) with operations on them, delivered in all 24 orders."""
+    texts = [
+        "When solving geometry problems with intersections, check the bounds.",
+        "When solving geometry problems with intersections, check the bounds",
+        "When solving geometry problems with intersections check the bounds.",
+        "When solving geometry problems with intersections, check the bounds.",
+    ]
+    adds = [
+        f.signed(f.operation(Kind.ADD, clock=1 + i % 2, content=f.content(t)), f.author(i + 1))
+        for i, t in enumerate(texts)
+    ]
+    vote = f.signed(f.operation(Kind.VOTE, clock=3, target=adds[1].cid, vote=1), f.author(7))
+    delete = f.signed(f.operation(Kind.DELETE, clock=3, target=adds[2].cid, reason="wrong"), f.author(8))
+    results = set()
+    for number, order in enumerate(itertools.permutations(adds)):
+        ledger = open_ledger(tmp_path / f"n{number}")
+        for block in [*order, vote, delete]:
+            ledger.submit(block.data)
         results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.close()
     assert len(results) == 1

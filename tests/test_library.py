@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ledger.embedder import pack_float16
-from ledger.library import exact_cosine_exceeds
+from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import OpStatus, Outcome
 from tests import factories as f
