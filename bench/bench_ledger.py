@@ -1,25 +1,31 @@
-"""Ledger storage benchmark: ingest, restart, bytes on disk, and the cost of a late operation.
+"""Ledger benchmark: ingest up to a million operations, the cost of a late operation, stalls, memory, restart.
 
-Usage: python -m bench.bench_ledger [--ops N] [--batch B]
+Usage: python -m bench.bench_ledger [--ops N] [--checkpoints 10000,100000] [--batch B] [--model hashing]
 
-Figures, all from one run on the same operations:
-  ingest        validate + check embeddings + store + log + fold + index, ops/s, and its ratio to
-                decode+validate+verify of the same operations (the ledger-core figure); target >= 0.25
-  duplicates    the same operations submitted again: ignored before decoding or checking a
+Figures, all from one run on one stream of operations (bench/workload.py):
+  ingest        validate + check embeddings + store + log + fold + index, ops/s per tenth of the run,
+                and the whole run's ratio to decode+validate+verify of the same kind of operations
+                (target >= 0.25; the last tenth at least 0.8 of the first)
+  late add      at each checkpoint, an add with clock 1 and no parents from a new author (it sorts
+                before everything) against an add that sorts last: the ratio of their costs
+                (target <= 20 at 10k, 100k and 1M operations)
+  stalls        the longest ingest batch against the median one, and the longest query of a thread
+                that retrieves without pause while ingest runs, against its median
+  memory        the process's resident set at each checkpoint (the generator keeps little)
+  duplicates    the first operations submitted again: ignored before decoding or checking a
                 signature; their cost per operation as a share of a new one's (target < 0.1)
-  restart       opening the data directory again (target < 1 s)
-  disk          bytes on disk per operation (after LevelDB compaction)
-  late op       one operation whose clock sorts it before the newest K applied ones: the fold
-                undoes and redoes those K, so the cost grows with K
+  restart, disk opening the data directory again (target < 1 s); bytes on disk per operation
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,86 +36,154 @@ from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
+from ledger.retrieval import Retriever
 from ledger.validation import validate
+
+QUERIES = (
+    "Which points of a line and a segment count as solutions?",
+    "How should I bound a sum of positive terms?",
+    "A proof by induction fails for small cases.",
+    "How many lattice paths cross the grid?",
+)
+
+
+def _rss_mb() -> float:
+    """The resident set size of this process now (not its peak), in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _disk_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def _late_add(ledger: Ledger, params: NetworkParams, behind: int, serial: int) -> float:
-    """Submit an add whose clock puts it `behind` operations before the newest; return seconds taken."""
+def _add(params: NetworkParams, clock: int, serial: int, parents: tuple = (), key: int = 99) -> bytes:
+    """A fresh add (a distinct text each time), signed by a key the workload does not use."""
+    embedder = embedder_for(params)
+    text = f"When a late insight arrives about topic {_word(serial)}, fold it in order and check it against its cases."
+    vector = pack_float16(embedder.embed([text])[0])
+    content = Experience(text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
+    return sign(
+        Operation(Kind.ADD, "", clock, parents, 1_700_000_000, content=content), AuthorKey(bytes([key]) * 32)
+    ).data
+
+
+def _word(serial: int) -> str:
+    return "".join(chr(ord("a") + int(digit)) for digit in str(serial))
+
+
+def _timed(ledger: Ledger, data: bytes) -> float:
+    start = time.perf_counter()
+    receipt = ledger.submit(data)
+    elapsed = time.perf_counter() - start
+    assert receipt.verdict is Verdict.ACCEPTED, receipt
+    return elapsed
+
+
+def _late_vs_last(ledger: Ledger, params: NetworkParams, serial: int) -> tuple[float, float]:
+    """Median cost of an add that sorts first (clock 1, no parents, a new author) and of one that sorts last."""
+    early, last = [], []
+    for round_ in range(5):
+        early.append(_timed(ledger, _add(params, 1, serial + 2 * round_, key=100 + round_)))
+        parents, clock = ledger.view().parents_and_clock()
+        last.append(_timed(ledger, _add(params, clock, serial + 2 * round_ + 1, parents)))
+    return statistics.median(early), statistics.median(last)
+
+
+def _late_behind(ledger: Ledger, params: NetworkParams, behind: int, serial: int) -> float:
+    """Cost of an add whose clock puts it `behind` operations before the newest."""
     applied = ledger.view().applied_in_order()
     anchor = applied[-behind - 1] if behind < len(applied) else applied[0]
-    clock = ledger.view().clock(anchor)
-    embedder = embedder_for(params)
-    text = f"When a late insight arrives, fold it in order and check it against case number {'x' * serial}."
-    content = Experience(
-        text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, pack_float16(embedder.embed([text])[0]))
-    )
-    block = sign(Operation(Kind.ADD, "", clock, (), 1_700_000_000, content=content), AuthorKey(bytes([99]) * 32))
-    start = time.perf_counter()
-    outcome = ledger.submit(block.data)
-    elapsed = time.perf_counter() - start
-    assert outcome.verdict is Verdict.ACCEPTED, outcome
-    return elapsed
+    return _timed(ledger, _add(params, ledger.view().clock(anchor), serial, key=98))
+
+
+class _Querier(threading.Thread):
+    """Retrieves without pause while ingest runs, recording each query's latency."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        super().__init__(daemon=True)
+        self.retriever = Retriever(ledger)
+        self.latencies: list[float] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        for query in itertools.cycle(QUERIES):
+            if self.done.is_set():
+                return
+            start = time.perf_counter()
+            self.retriever.retrieve(query, 5)
+            self.latencies.append(time.perf_counter() - start)
+            time.sleep(0.005)  # a client's pace, not a spin: the writer keeps the GIL most of the time
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=100_000)
+    parser.add_argument("--checkpoints", default="10000,100000", help="where to measure the late add and memory")
     parser.add_argument("--batch", type=int, default=1000, help="operations per ingest batch (one synced write)")
-    parser.add_argument(
-        "--model",
-        choices=["default", "hashing"],
-        default="default",
-        help="the network's embedder: the default model, or feature hashing",
-    )
+    parser.add_argument("--model", choices=["default", "hashing"], default="default", help="the network's embedder")
     args = parser.parse_args(argv)
     params = NetworkParams() if args.model == "default" else NetworkParams(embedding_model="feature-hash-v1")
+    checkpoints = sorted({int(c) for c in args.checkpoints.split(",") if int(c) <= args.ops} | {args.ops})
 
-    print(f"generating {args.ops:,} signed operations ...", file=sys.stderr, flush=True)
-    datas = [block.data for block in operations(args.ops, params)]
-
+    sample = [block.data for block in operations(min(args.ops, 20_000), params, seed=7)]
     start = time.perf_counter()
-    for data in datas:
+    for data in sample:
         validate(data, params)
-    validate_rate = len(datas) / (time.perf_counter() - start)
+    validate_rate = len(sample) / (time.perf_counter() - start)
 
+    tenth = max(1, args.ops // 10)
+    tenths, batch_times, marks = [], [], []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         path = Path(tmp) / "node"
         ledger = Ledger.open(path, params)
-        start = time.perf_counter()
-        last_report = start
-        for index in range(0, len(datas), args.batch):
-            outcomes = ledger.ingest(datas[index : index + args.batch])
-            assert all(o.verdict is Verdict.ACCEPTED for o in outcomes), outcomes[0]
-            if time.perf_counter() - last_report > 5:
+        querier = _Querier(ledger)
+        querier.start()
+        stream = (block.data for block in operations(args.ops, params))
+        done, ingest_seconds, tenth_start, serial = 0, 0.0, 0.0, 10_000_000
+        last_report = time.perf_counter()
+        while done < args.ops:
+            batch = list(itertools.islice(stream, min(args.batch, args.ops - done)))
+            start = time.perf_counter()
+            receipts = ledger.ingest(batch)
+            elapsed = time.perf_counter() - start
+            assert all(r.verdict is Verdict.ACCEPTED for r in receipts), receipts[0]
+            batch_times.append(elapsed)
+            ingest_seconds += elapsed
+            done += len(batch)
+            if done // tenth > len(tenths) and len(tenths) < 10:
+                tenths.append(tenth / (ingest_seconds - tenth_start))
+                tenth_start = ingest_seconds
+            if checkpoints and done >= checkpoints[0]:
+                early, last = _late_vs_last(ledger, params, serial)
+                serial += 100
+                marks.append((checkpoints.pop(0), early, last, _rss_mb(), len(ledger.view().live_ids())))
+            if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
-                done = index + args.batch
-                rate = done / (last_report - start)
-                print(f"  ingested {done:,}/{len(datas):,} ({rate:,.0f} ops/s)", file=sys.stderr, flush=True)
-        ingest_rate = len(datas) / (time.perf_counter() - start)
-        view = ledger.view()
-        assert view.pending() == []
-        live = len(view.live_ids())
-        assert len(ledger.indexed()) == live
+                print(
+                    f"  ingested {done:,}/{args.ops:,} ({done / ingest_seconds:,.0f} ops/s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        querier.done.set()
+        querier.join()
+        ingest_rate = args.ops / ingest_seconds
 
-        again = datas[: min(len(datas), 20_000)]
+        again = sample[:20_000]
+        ledger_dup = Ledger.open(Path(tmp) / "dup", params)
+        ledger_dup.ingest(again)
         start = time.perf_counter()
         for index in range(0, len(again), args.batch):
-            assert all(o.outcome == "duplicate" for o in ledger.ingest(again[index : index + args.batch]))
+            ledger_dup.ingest(again[index : index + args.batch])
         duplicate_rate = len(again) / (time.perf_counter() - start)
+        ledger_dup.close()
 
-        late = {}
-        for behind in (0, 10, 100, 1000):
-            late[behind] = statistics.median(
-                _late_add(ledger, params, behind, i) for i in range(3 * behind, 3 * behind + 3)
-            )
+        late = {behind: _late_behind(ledger, params, behind, 20_000_000 + behind) for behind in (0, 10, 100, 1000)}
         ledger.store._db.compact_range()
         ledger.close()
         disk = _disk_bytes(path)
-
         restarts = []
         for _ in range(5):
             start = time.perf_counter()
@@ -117,23 +191,33 @@ def main(argv: list[str] | None = None) -> int:
             restarts.append(time.perf_counter() - start)
             ledger.close()
 
+    print(f"{args.ops:,} operations, batches of {args.batch}, embedder {params.embedding_model}")
+    print(f"  decode+validate+verify   {validate_rate:>9,.0f} ops/s  (baseline, same kind of operations)")
+    ratio = ingest_rate / validate_rate
     print(
-        f"{len(datas):,} operations ({live:,} live experiences at the end), batches of {args.batch}, "
-        f"embedder {params.embedding_model}"
+        f"  ingest                   {ingest_rate:>9,.0f} ops/s  ratio {ratio:.2f} (target >= 0.25: {'met' if ratio >= 0.25 else 'NOT met'})"
     )
-    print(f"  decode+validate+verify   {validate_rate:>9,.0f} ops/s  (baseline, same operations)")
-    print(
-        f"  ingest                   {ingest_rate:>9,.0f} ops/s  ratio {ingest_rate / validate_rate:.2f} "
-        f"(target >= 0.25: {'met' if ingest_rate / validate_rate >= 0.25 else 'NOT met'})"
-    )
+    print("  ingest per tenth         " + " ".join(f"{rate:,.0f}" for rate in tenths) + " ops/s")
+    if len(tenths) == 10:
+        flat = tenths[-1] / tenths[0]
+        print(f"  last tenth / first       {flat:>9.2f}        (target >= 0.8: {'met' if flat >= 0.8 else 'NOT met'})")
+    for size, early, last, rss, live in marks:
+        print(
+            f"  at {size:>9,} ops: late add {early * 1000:6.1f} ms, last add {last * 1000:5.1f} ms, "
+            f"ratio {early / last:5.1f} (target <= 20); RSS {rss:,.0f} MB; {live:,} live experiences"
+        )
+    median_batch = statistics.median(batch_times)
+    print(f"  longest ingest batch     {max(batch_times) * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms)")
+    if querier.latencies:
+        lat = sorted(querier.latencies)
+        print(
+            f"  queries during ingest    {len(lat):>9,}      p50 {lat[len(lat) // 2] * 1000:.1f} ms, "
+            f"p99 {lat[int(len(lat) * 0.99)] * 1000:.1f} ms, longest {lat[-1] * 1000:.1f} ms"
+        )
     share = ingest_rate / duplicate_rate
-    print(
-        f"  duplicates               {duplicate_rate:>9,.0f} ops/s  cost {share:.3f} of a new operation's "
-        f"(target < 0.1: {'met' if share < 0.1 else 'NOT met'})"
-    )
+    print(f"  duplicates               {duplicate_rate:>9,.0f} ops/s  cost {share:.3f} of a new one's (target < 0.1)")
     print(f"  restart (median of 5)    {statistics.median(restarts) * 1000:>9,.1f} ms     (target < 1000 ms)")
-    mean_op = statistics.mean(map(len, datas))
-    print(f"  disk                     {disk / len(datas):>9,.0f} bytes/op (mean operation {mean_op:,.0f} bytes)")
+    print(f"  disk                     {disk / args.ops:>9,.0f} bytes/op")
     for behind, seconds in late.items():
         print(f"  late op, {behind:>5} behind     {seconds * 1000:>9,.1f} ms")
     return 0

@@ -40,6 +40,8 @@ OBJECTS = [
     "the symmetric cases",
 ]
 
+#: experiences further back than this are no longer targeted (a living library's activity is recent)
+_WINDOW = 5000
 #: share of each kind in the stream; votes dominate, as usage feedback does in a living library
 MIX = ((Kind.ADD, 0.25), (Kind.MODIFY, 0.10), (Kind.DELETE, 0.03), (Kind.MERGE, 0.02), (Kind.VOTE, 0.60))
 
@@ -109,6 +111,12 @@ def operations(count: int, params: NetworkParams, seed: int = 1, authors: int = 
         recent.append((block.cid, clock))
         if kind in (Kind.ADD, Kind.MERGE):
             live.append(block.cid)
+        if len(live) > 2 * _WINDOW:  # only recent experiences are targeted: keep the generator's memory flat
+            del live[:_WINDOW]
+            keep = set(live) | {cid for cid, _ in recent[-8:]} | set(latest_modify.values())
+            clocks = {cid: clock for cid, clock in clocks.items() if cid in keep}
+            recent = recent[-8:]
+            latest_modify = {target: cid for target, cid in latest_modify.items() if target in keep}
         if serial % 10_000 == 9_999:
             print(f"  generated {serial + 1:,}/{count:,} operations", file=sys.stderr, flush=True)
         yield block

@@ -49,6 +49,8 @@ NODE_KEY = "node.key"
 #: the newest signed tree head, kept outside the database as its high-water mark: a database that
 #: holds less than this (a lost write-ahead log, an older copy) is refused instead of served
 HEAD_FILE = "tree-head.cbor"
+#: vectors inserted into the index per hold of its lock (~0.3 ms each at 100k experiences, one thread)
+_INDEX_CHUNK = 32
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -277,20 +279,25 @@ class Ledger:
     # --- the vector index ------------------------------------------------------------------------
 
     def _update_index(self, fold: Fold) -> None:
-        """Bring the index in line with a committed batch: the live vectors it changed, in one batched insert.
+        """Bring the index in line with a committed batch: the live vectors it changed, inserted in id order.
 
         The fold already knows each experience whose live version it changed, and that version's
-        vector, so nothing is read back from the store.
+        vector, so nothing is read back from the store. The lock is taken a chunk at a time, so a
+        query waits for one chunk's insert, never for a whole batch's.
         """
-        changes = fold.changes
-        live = {exp_id: change for exp_id, change in changes.items() if change is not None}
-        removals = [exp_id for exp_id, change in changes.items() if change is None]
-        with self._index_lock:
-            try:
-                self._index.update(live, removals)
+        changes = sorted(fold.changes.items())
+        try:
+            with self._index_lock:
+                self._index.update({}, [exp_id for exp_id, change in changes if change is None])
+            live = [(exp_id, change) for exp_id, change in changes if change is not None]
+            for start in range(0, len(live), _INDEX_CHUNK):
+                with self._index_lock:
+                    self._index.update(dict(live[start : start + _INDEX_CHUNK]), [])
+            with self._index_lock:
                 self._index.generation = self._state.generation
-            except Exception:  # the library is durable already; an index that fell out of step is rebuilt
-                log.exception("updating the vector index failed; rebuilding it")
+        except Exception:  # the library is durable already; an index that fell out of step is rebuilt
+            log.exception("updating the vector index failed; rebuilding it")
+            with self._index_lock:
                 self._rebuild_index_locked("an update failed")
 
     def nearest(self, vector: np.ndarray, count: int) -> list[tuple[CID, float]]:

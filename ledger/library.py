@@ -49,7 +49,6 @@ from ledger.store import (
     Transaction,
     block_key,
     bucket_key,
-    bucket_prefix,
     by_domain_key,
     by_domain_prefix,
     by_target_key,
@@ -61,6 +60,7 @@ from ledger.store import (
     counted_key,
     counted_prefix,
     experience_key,
+    join_orders,
     member_key,
     member_prefix,
     near_key,
@@ -69,7 +69,6 @@ from ledger.store import (
     order_cid,
     order_key,
     ordered_key,
-    parse_bucket_key,
     parse_by_domain_key,
     parse_by_target_key,
     parse_component_op_key,
@@ -77,6 +76,7 @@ from ledger.store import (
     parse_near_key,
     parse_ordered_key,
     parse_votes_key,
+    split_orders,
     status_key,
     vector_key,
     votes_key,
@@ -421,11 +421,10 @@ class Library:
         """Index an add by its hash bands and link it to the adds that are near-duplicates of it (§7.6)."""
         params = self._params
         candidates: set[bytes] = set()
-        bands = band_keys(values, params.embedding_model, params.embedding_dim)
-        for band in bands:
-            for key, _ in txn.scan(bucket_prefix(band)):
-                candidates.add(order_cid(parse_bucket_key(key, band)))
-            txn.put(bucket_key(band, order), b"")
+        for band in band_keys(values, params.embedding_model, params.embedding_dim):
+            members = split_orders(txn.get(bucket_key(band)) or b"")
+            candidates.update(order_cid(other) for other in members)
+            txn.put(bucket_key(band), join_orders([*members, order]))
         txn.put(vector_key(cid), values)
         candidates.discard(cid)
         if not candidates:

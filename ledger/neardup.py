@@ -42,19 +42,40 @@ def scaled(values: bytes) -> np.ndarray:
 
 def band_keys(values: bytes, model: str, dim: int) -> list[bytes]:
     """The BANDS band keys (band number, band hash) of a float16 embedding; bit i of a band is the sign of the
-    exact integer dot product with hyperplane i (a zero product counts as positive)."""
-    signs = (scaled(values) @ hyperplanes(model, dim)) >= 0  # exact: |products| < 2^40 * dim
+    exact dot product with hyperplane i (a zero product counts as positive).
+
+    The products are computed in float64, and are exact: every float16 is a multiple of 2^-24 below
+    2^16 in magnitude, so with at most 8,192 terms every partial sum is a multiple of 2^-24 below
+    2^29, which float64's 53 bits represent exactly, whatever the order of summation.
+    """
+    signs = (np.frombuffer(values, dtype="<f2").astype(np.float64) @ _planes(model, dim)) >= 0
     weights = np.left_shift(np.uint64(1), np.arange(BITS, dtype=np.uint64))
     hashes = (signs.reshape(BANDS, BITS).astype(np.uint64) * weights).sum(axis=1)
     return [_BAND.pack(band, int(value)) for band, value in enumerate(hashes)]
 
 
-def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
-    """cos(a, b) > threshold for float16 vectors, decided exactly with integers (identical on every machine).
+@lru_cache(maxsize=4)
+def _planes(model: str, dim: int) -> np.ndarray:
+    return hyperplanes(model, dim).astype(np.float64)
 
-    Every float16 is an integer multiple of 2^-24, so scaled values, their dot product and norms
-    are exact integers; cos > p/q  <=>  dot > 0 and q²·dot² > p²·|a|²·|b|² (for p/q >= 0).
+
+#: a float64 cosine is within ~1e-13 of the true one on any machine; only closer calls need integers
+_FLOAT_MARGIN = 1e-9
+
+
+def exact_cosine_exceeds(a: bytes, b: bytes, threshold: Fraction) -> bool:
+    """cos(a, b) > threshold for float16 vectors, decided exactly (identical on every machine).
+
+    A float64 cosine decides when it is clearly on one side; otherwise integers do: every float16
+    is an integer multiple of 2^-24, so scaled values, their dot product and norms are exact
+    integers, and cos > p/q  <=>  dot > 0 and q²·dot² > p²·|a|²·|b|² (for p/q >= 0).
     """
+    fa, fb = np.frombuffer(a, dtype="<f2").astype(np.float64), np.frombuffer(b, dtype="<f2").astype(np.float64)
+    norms = float(np.sqrt(fa @ fa) * np.sqrt(fb @ fb))
+    if norms > 0:
+        approximate = float(fa @ fb) / norms
+        if abs(approximate - float(threshold)) > _FLOAT_MARGIN:
+            return approximate > float(threshold)
     ints_a, ints_b = scaled(a).tolist(), scaled(b).tolist()
     dot = sum(map(operator.mul, ints_a, ints_b))
     if dot <= 0:

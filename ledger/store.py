@@ -46,14 +46,12 @@ COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by
 MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
 NEAR = b"E"  # E add cid, add cid -> "" (near-duplicates: both directions)
-BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds)
+BUCKET = b"Z"  # Z band number, band hash -> the orders of the adds in that bucket (locality-sensitive hashing)
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
 
 U64 = struct.Struct(">Q")
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(
-    tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, NEAR, BUCKET)
-)
+_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, NEAR))
 
 FORMAT_KEY = META + b"format"
 LOG_SIZE = META + b"log_size"
@@ -250,18 +248,19 @@ def parse_near_key(key: bytes) -> bytes:
     return key[1 + CID_LENGTH :]
 
 
-def bucket_prefix(band: bytes) -> bytes:
+def bucket_key(band: bytes) -> bytes:
     """`band` is a band key (band number and hash) from `ledger.neardup.band_keys`."""
     return BUCKET + band
 
 
-def bucket_key(band: bytes, order: bytes) -> bytes:
-    return BUCKET + band + order
+def join_orders(orders: list[bytes]) -> bytes:
+    return b"".join(orders)
 
 
-def parse_bucket_key(key: bytes, band: bytes) -> bytes:
-    """The order (clock, CID) of a BUCKET key under `band`."""
-    return key[1 + len(band) :]
+def split_orders(raw: bytes) -> list[bytes]:
+    """The orders (clock, CID) of a bucket's value."""
+    width = 8 + CID_LENGTH
+    return [raw[i : i + width] for i in range(0, len(raw), width)]
 
 
 def vector_key(add: bytes) -> bytes:
