@@ -480,8 +480,8 @@ class Library:
             cid = order_cid(order)
             op = work.fold.operations.get(cid) or load_stored(txn.get(block_key(cid)))
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
-        if any(_stands_for(records.before.get(exp_id)) != _stands_for(records.record(exp_id)) for exp_id in members):
-            self._tally(work, members)
+        if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in members):
+            self._tally(work, members)  # (`record` first: it remembers, on first reading, what stood before)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
             for exp_id in members:
                 before, now = records.before.get(exp_id), records.record(exp_id)
