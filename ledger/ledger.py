@@ -13,6 +13,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -51,6 +52,8 @@ NODE_KEY = "node.key"
 HEAD_FILE = "tree-head.cbor"
 #: vectors inserted into the index per hold of its lock (~0.3 ms each at 100k experiences, one thread)
 _INDEX_CHUNK = 32
+#: the mark trails the database by at most this many seconds of commits (and never a signed head)
+_MARK_INTERVAL = 1.0
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -75,6 +78,10 @@ class Ledger:
         self._state = WriterState.read(store, stored_size(store))
         self._snapshot = store.snapshot()
         self._check_recent(_RECENT_CHECK)
+        self._mark_lock = threading.Lock()
+        # Invariant: the size of the signed head in HEAD_FILE; every head handed out is no larger
+        self._mark_size = 0
+        self._marked_at = 0.0
         self._check_high_water_mark()
         self._index_lock = threading.Lock()
         self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim, node_key.did)
@@ -119,6 +126,7 @@ class Ledger:
     def close(self) -> None:
         with self._write_lock:
             try:
+                self._record_high_water_mark()
                 with self._index_lock:
                     self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
             finally:
@@ -126,7 +134,7 @@ class Ledger:
 
     def view(self) -> LedgerView:
         """Reads of the latest committed state; the view stays consistent however long it is used."""
-        return LedgerView(self._snapshot, self.library, self.node_key, self.params.max_parents)
+        return LedgerView(self._snapshot, self.library, self.node_key, self.params.max_parents, self._keep_mark)
 
     # --- start-up checks and verification ------------------------------------------------------
 
@@ -183,9 +191,19 @@ class Ledger:
                 f"{db}: its first {mark.size} log entries differ from those this node signed (another node's "
                 f"database, or a damaged one); {recover}",
             )
+        self._mark_size = mark.size
 
     def _record_high_water_mark(self) -> None:
-        write_file_atomically(self.data_dir / HEAD_FILE, self.view().tree_head().to_bytes())
+        """Write the latest committed state's head as the mark (signing it is what writes it)."""
+        self._latest().tree_head()
+        self._marked_at = time.monotonic()
+
+    def _keep_mark(self, head: TreeHead) -> None:
+        """Before a head leaves the node, the mark on disk covers it: no later start may sign less."""
+        with self._mark_lock:
+            if head.size > self._mark_size:
+                write_file_atomically(self.data_dir / HEAD_FILE, head.to_bytes())
+                self._mark_size = head.size
 
     def verify(self, progress: Callable[[int, int], None] | None = None) -> None:
         """Check everything: every table's checksums, every logged block against its CID, the Merkle root.
@@ -270,11 +288,12 @@ class Ledger:
         self._state = state
         self._update_index(batch.fold)
         self._snapshot = self.store.snapshot()
-        self._record_high_water_mark()  # after the commit: the mark never runs ahead of the database
+        if time.monotonic() - self._marked_at >= _MARK_INTERVAL:  # after the commit: never ahead of the database
+            self._record_high_water_mark()
 
     def _latest(self) -> LedgerView:
         """The writer's view: what it last committed, which views may not show yet."""
-        return LedgerView(self.store, self.library, self.node_key, self.params.max_parents)
+        return LedgerView(self.store, self.library, self.node_key, self.params.max_parents, self._keep_mark)
 
     # --- the vector index ------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ from a view always matches the log it describes.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ledger.cid import CID
@@ -40,11 +40,19 @@ from ledger.store import (
 class LedgerView:
     """Everything a query needs, read from one committed state."""
 
-    def __init__(self, view: ReadView, library: Library, node_key: AuthorKey, max_parents: int) -> None:
+    def __init__(
+        self,
+        view: ReadView,
+        library: Library,
+        node_key: AuthorKey,
+        max_parents: int,
+        on_sign: Callable[[TreeHead], None] | None = None,
+    ) -> None:
         self._view = view
         self._library = library
         self._node_key = node_key
         self._max_parents = max_parents
+        self._on_sign = on_sign  # told of every head before it is handed out (the ledger keeps its mark)
         self.log_size = read_u64(view.get(LOG_SIZE))
         #: bumped by every committed change to the library
         self.generation = read_u64(view.get(GENERATION))
@@ -181,7 +189,10 @@ class LedgerView:
 
     def tree_head(self) -> TreeHead:
         """A freshly signed head for this state's log."""
-        return TreeHead.sign(self.log_size, self.merkle.root(), self._node_key)
+        head = TreeHead.sign(self.log_size, self.merkle.root(), self._node_key)
+        if self._on_sign is not None:
+            self._on_sign(head)
+        return head
 
     def inclusion_proof(self, cid: CID, size: int | None = None) -> dict[str, Any]:
         position = self.position(cid)

@@ -16,6 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+import trio
+
 from ledger.errors import LedgerError
 
 log = logging.getLogger(__name__)
@@ -102,7 +104,16 @@ class Dispatcher:
                 return _encode(
                     _error(None, INVALID_REQUEST, f"batch larger than {self._max_batch}", _code("rpc.batch_size"))
                 )
-            responses = [r for r in [await self._handle_one(item) for item in payload] if r is not None]
+            answers: list[dict[str, Any] | None] = [None] * len(payload)
+
+            async def answer(index: int) -> None:
+                answers[index] = await self._handle_one(payload[index])
+
+            # the spec lets a batch's calls run as concurrent tasks: submits in one batch then share a write
+            async with trio.open_nursery() as nursery:
+                for index in range(len(payload)):
+                    nursery.start_soon(answer, index)
+            responses = [response for response in answers if response is not None]
             return _encode(responses) if responses else None
         response = await self._handle_one(payload)
         return None if response is None else _encode(response)
