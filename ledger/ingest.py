@@ -36,6 +36,7 @@ from ledger.records import OpStatus
 from ledger.stateroot import StateRoot
 from ledger.store import (
     GENERATION,
+    PENDING,
     STATE_ROOT,
     ReadView,
     Store,
@@ -200,10 +201,12 @@ class WriterState:
     log_size: int
     state_root: bytes
     generation: int
+    pending: int  # operations stored but waiting for dependencies
 
     @classmethod
     def read(cls, view: ReadView, log_size: int) -> WriterState:
-        return cls(log_size, view.get(STATE_ROOT) or StateRoot().to_bytes(), read_u64(view.get(GENERATION)))
+        pending = sum(1 for _ in view.scan(PENDING))
+        return cls(log_size, view.get(STATE_ROOT) or StateRoot().to_bytes(), read_u64(view.get(GENERATION)), pending)
 
 
 class Batch:
@@ -218,6 +221,7 @@ class Batch:
         self._root = StateRoot(base.state_root)
         self.applied: list[bytes] = []
         self.fold: Fold | None = None
+        self._pending = base.pending
 
     def store(self, blocks: list[Block]) -> None:
         """Store, log and index `blocks`, apply what has every dependency, and fold it."""
@@ -231,6 +235,7 @@ class Batch:
             self._root.add(cid)
             waiting = [dep for dep in meta.dependencies if not self._applied(dep)]
             if waiting:
+                self._pending += 1
                 txn.put(pending_key(cid), join_cids(waiting))
                 for dep in waiting:
                     txn.put(waiter_key(dep, cid), b"")
@@ -255,7 +260,7 @@ class Batch:
         generation = self.base.generation + (1 if self.fold is not None and self.fold.changed else 0)
         self.txn.put(GENERATION, u64(generation))
         self.txn.commit()
-        return WriterState(self._log.size, self._root.to_bytes(), generation)
+        return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending)
 
     def _applied(self, cid: bytes) -> bool:
         return self.txn.get(opmeta_key(cid)) is not None and self.txn.get(pending_key(cid)) is None
@@ -274,6 +279,7 @@ class Batch:
                     txn.put(pending_key(waiter), join_cids(still))
                 else:
                     txn.delete(pending_key(waiter))
+                    self._pending -= 1
                     queue.append(waiter)
         return applied
 

@@ -329,6 +329,10 @@ class Ledger:
             found = self._index.search(vector, count)
         return [(CID(exp_id), score) for exp_id, score in found]
 
+    def pending_count(self) -> int:
+        """How many stored operations wait for dependencies (as of the last commit)."""
+        return self._state.pending
+
     def live_count(self) -> int:
         """How many experiences are live (the index holds exactly those): cheap, unlike counting a view."""
         with self._index_lock:

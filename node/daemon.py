@@ -168,7 +168,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         health={"network_id": ledger.params.network_id, "node": ledger.node_key.did},
     )
     metrics.log_size.set(view.log_size)
-    metrics.pending.set(len(view.pending()))
+    metrics.pending.set(ledger.pending_count())
     metrics.live_experiences.set(ledger.live_count())
     server_config = HypercornConfig()
     server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor

@@ -148,7 +148,7 @@ class Node:
             assert block is not None and status is not None
             events.append(_event(cid, block.op.kind, status.outcome.value, status.code, Source("pending")))
         self.metrics.log_size.set(view.log_size)
-        self.metrics.pending.set(len(view.pending()))
+        self.metrics.pending.set(self.ledger.pending_count())
         self.metrics.live_experiences.set(self.ledger.live_count())
         return receipts, events
 

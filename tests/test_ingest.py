@@ -78,6 +78,7 @@ def test_heads_are_the_applied_operations_no_applied_operation_names_as_parent(t
         applied = {b.cid for b in blocks if view.status(b.cid) and view.status(b.cid).outcome is not Outcome.PENDING}
         named = {parent for b in blocks if b.cid in applied for parent in b.op.parents}
         assert set(view.heads()) == applied - named
+        assert ledger.pending_count() == len(view.pending())
     ledger.close()
 
 
@@ -159,4 +160,18 @@ def test_views_are_cheap_and_stay_at_their_moment(tmp_path):
     assert before.log_size == 0 and not before.has(add.cid) and before.experience(add.cid) is None
     assert ledger.view().has(add.cid) and ledger.view().log_size == 1
     assert isinstance(ledger.view().heads()[0], CID)
+    ledger.close()
+
+
+def test_the_pending_count_follows_dependencies_across_restarts(tmp_path):
+    add = f.add()
+    vote = f.signed(f.operation(Kind.VOTE, clock=2, parents=(add.cid,), target=add.cid, vote=1), f.author(2))
+    ledger = open_ledger(tmp_path / "node")
+    ledger.submit(vote.data)
+    assert ledger.pending_count() == 1 == len(ledger.view().pending())
+    ledger.close()
+    ledger = open_ledger(tmp_path / "node")
+    assert ledger.pending_count() == 1
+    ledger.submit(add.data)
+    assert ledger.pending_count() == 0 == len(ledger.view().pending())
     ledger.close()
