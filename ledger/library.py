@@ -22,33 +22,34 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-import numpy as np
-
 from ledger import codec
 from ledger.cid import CID
-from ledger.embedder import unit, unpack_float16
 from ledger.neardup import band_keys, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
 from ledger.store import (
+    ABSORBS,
     BUCKET,
     BY_DOMAIN,
     BY_TARGET,
     COMPONENT,
     COMPONENT_OP,
+    COMPONENT_SIZE,
     COUNTED,
     EXPERIENCE,
+    LAST_ADD,
     MEMBER,
-    NEAR,
     ORDER,
     STATUS,
     VECTOR,
     VOTES,
     ReadView,
     Transaction,
+    absorbs_key,
     block_key,
     bucket_key,
+    bucket_prefix,
     by_domain_key,
     by_domain_prefix,
     by_target_key,
@@ -57,27 +58,26 @@ from ledger.store import (
     component_key,
     component_op_key,
     component_op_prefix,
+    component_size_key,
     counted_key,
     counted_prefix,
     experience_key,
-    join_orders,
     member_key,
     member_prefix,
-    near_key,
-    near_prefix,
     opmeta_key,
     order_cid,
     order_key,
     ordered_key,
+    parse_bucket_key,
     parse_by_domain_key,
     parse_by_target_key,
     parse_component_op_key,
     parse_member_key,
-    parse_near_key,
     parse_ordered_key,
     parse_votes_key,
-    split_orders,
+    read_u64,
     status_key,
+    u64,
     vector_key,
     votes_key,
     votes_prefix,
@@ -87,11 +87,9 @@ _KINDS = list(Kind)
 _KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
 _META_HEAD = struct.Struct(">QBBB")
 _META_CACHE_LIMIT = 200_000
-#: the float32 pre-filter may not drop a true near-duplicate: its error is far below this margin
-_PREFILTER_MARGIN = 1e-3
 #: the tables the fold writes; a rebuild clears them
-TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP, NEAR,
-          BUCKET, VECTOR)  # fmt: skip
+TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP,
+          COMPONENT_SIZE, ABSORBS, BUCKET, VECTOR)  # fmt: skip
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 
 
@@ -147,6 +145,7 @@ class _Records:
         self.txn = txn
         self._current: dict[bytes, ExperienceRecord | None] = {}
         self.before: dict[bytes, ExperienceRecord | None] = {}
+        self.recent: list[bytes] = []  # the records first read since the caller last cleared it
 
     def get(self, key: bytes) -> bytes | None:
         return self.txn.get(key)
@@ -160,6 +159,7 @@ class _Records:
             raw = self.txn.get(experience_key(exp_id))
             self._current[exp_id] = ExperienceRecord.unpack(raw) if raw is not None else None
             self.before[exp_id] = self._current[exp_id]
+            self.recent.append(exp_id)
         found = self._current[exp_id]
         return found.copy() if found is not None else None
 
@@ -276,8 +276,8 @@ class Library:
     @staticmethod
     def naming(view: ReadView, target: bytes) -> Iterator[bytes]:
         """Applied operations naming `target`, in fold order."""
-        for key, _ in view.scan(by_target_prefix(target)):
-            yield order_cid(parse_by_target_key(key))
+        for order in sorted(parse_by_target_key(key)[1] for key, _ in view.scan(by_target_prefix(target))):
+            yield order_cid(order)
 
     @staticmethod
     def applied_in_order(view: ReadView) -> Iterator[bytes]:
@@ -345,6 +345,7 @@ class Library:
         for table in TABLES:
             for key, _ in view.scan(table):
                 txn.delete(key)
+        txn.delete(LAST_ADD)
 
     def fold(
         self,
@@ -363,7 +364,7 @@ class Library:
             meta = self.meta(txn, cid)
             txn.put(ordered_key(order), b"")
             for target in meta.targets:
-                txn.put(by_target_key(target, order), _KIND_BYTE[op.kind])
+                txn.put(by_target_key(target, _KIND_BYTE[op.kind], order), b"")
             void = self.clock_void(txn, meta)
             if void is not None:  # void wherever it sorts, and read by no rule: recorded in place
                 txn.put(status_key(cid), void.pack())
@@ -394,6 +395,7 @@ class Library:
             component = cid
             txn.put(component_key(cid), cid)
             txn.put(member_key(cid, cid), b"")
+            txn.put(component_size_key(cid), u64(1))
         else:
             found = txn.get(component_key(meta.targets[0]))
             assert found is not None, "an applied target has been placed"
@@ -403,61 +405,86 @@ class Library:
         start = order
         if op.kind in (Kind.DELETE, Kind.MODIFY):
             # a merge of the target is void if this operation is concurrent with it, wherever it sorts (§7.4)
-            for key, kind in txn.scan(by_target_prefix(meta.targets[0])):
-                merge = parse_by_target_key(key)
-                if kind == _KIND_BYTE[Kind.MERGE] and not self.is_ancestor(txn, order_cid(merge), cid):
+            for key, _ in txn.scan(by_target_prefix(meta.targets[0], _KIND_BYTE[Kind.MERGE])):
+                merge = parse_by_target_key(key)[1]
+                if not self.is_ancestor(txn, order_cid(merge), cid):
                     start = min(start, merge)
         work.dirty[component] = min(start, work.dirty.get(component, start))
         links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
             assert op.content is not None
-            links = self._link_near_duplicates(txn, cid, order, op.content.embedding.values)
+            links = self._absorption(txn, cid, order, op.content.embedding.values)
         for other in links:
             found = txn.get(component_key(other))
             assert found is not None
             component = self._join(work, component, found)
 
-    def _link_near_duplicates(self, txn: Transaction, cid: bytes, order: bytes, values: bytes) -> list[bytes]:
-        """Index an add by its hash bands and link it to the adds that are near-duplicates of it (§7.6)."""
-        params = self._params
-        candidates: set[bytes] = set()
+    def _absorption(self, txn: Transaction, cid: bytes, order: bytes, values: bytes) -> list[bytes]:
+        """Index a new add by its hash bands, find the earliest earlier add it nearly duplicates, and the later
+        adds whose earliest it now is (§7.6); returns the adds whose components it joins.
+
+        Buckets are kept in fold order, so finding the earliest earlier one stops at the first that
+        passes the exact test: a new add costs the same in a library of any size (a late one also
+        tests the later adds of its buckets, which it may now absorb).
+        """
+        params, threshold = self._params, self._threshold
+        verdicts: dict[bytes, bool] = {}
+
+        def near(other: bytes) -> bool:
+            if other not in verdicts:
+                raw = txn.get(vector_key(order_cid(other)))
+                verdicts[other] = raw is not None and exact_cosine_exceeds(values, raw, threshold)
+            return verdicts[other]
+
+        earliest: bytes | None = None
+        later: set[bytes] = set()
+        last = txn.get(LAST_ADD)
+        late = last is not None and last > order  # some add sorts after this one: it may absorb them
+        if not late:
+            txn.put(LAST_ADD, order)
         for band in band_keys(values, params.embedding_model, params.embedding_dim):
-            members = split_orders(txn.get(bucket_key(band)) or b"")
-            candidates.update(order_cid(other) for other in members)
-            txn.put(bucket_key(band), join_orders([*members, order]))
+            prefix = bucket_prefix(band)
+            for key, _ in txn.scan(prefix):
+                other = parse_bucket_key(key, band)
+                if other >= order or (earliest is not None and other >= earliest):
+                    break
+                if near(other):
+                    earliest = other
+                    break
+            for key, _ in txn.scan(prefix, bucket_key(band, order)) if late else ():
+                other = parse_bucket_key(key, band)
+                if other > order and near(other):
+                    later.add(other)
+            txn.put(bucket_key(band, order), b"")
         txn.put(vector_key(cid), values)
-        candidates.discard(cid)
-        if not candidates:
-            return []
-        others = sorted(candidates)
-        stored = [txn.get(vector_key(other)) or b"" for other in others]
-        # a float32 pre-filter first; the exact integer test decides
-        scores = np.stack([unit(unpack_float16(raw)) for raw in stored]) @ unit(unpack_float16(values))
-        floor = float(self._threshold) - _PREFILTER_MARGIN
-        near = [
-            other
-            for other, raw, score in zip(others, stored, scores.tolist(), strict=True)
-            if score > floor and exact_cosine_exceeds(values, raw, self._threshold)
-        ]
-        for other in near:
-            txn.put(near_key(cid, other), b"")
-            txn.put(near_key(other, cid), b"")
-        return near
+        links = []
+        if earliest is not None:
+            txn.put(absorbs_key(cid), order_cid(earliest))
+            links.append(order_cid(earliest))
+        for other in sorted(later):
+            current = txn.get(absorbs_key(order_cid(other)))
+            if current is None or order_key(self.meta(txn, current).clock, current) > order:
+                txn.put(absorbs_key(order_cid(other)), cid)  # this add now sorts first among its near-duplicates
+                links.append(order_cid(other))
+        return links
 
     def _join(self, work: _Work, a: bytes, b: bytes) -> bytes:
         """Join two components (the smaller moves into the larger); returns the joined one's id."""
         if a == b:
             return a
         txn = work.records.txn
-        members = {c: [parse_member_key(k) for k, _ in txn.scan(member_prefix(c))] for c in (a, b)}
-        keep, move = (a, b) if len(members[a]) >= len(members[b]) else (b, a)
-        for exp_id in members[move]:
-            txn.delete(member_key(move, exp_id))
+        sizes = {c: read_u64(txn.get(component_size_key(c))) for c in (a, b)}
+        keep, move = (a, b) if sizes[a] >= sizes[b] else (b, a)
+        for key, _ in list(txn.scan(member_prefix(move))):
+            exp_id = parse_member_key(key)
+            txn.delete(key)
             txn.put(member_key(keep, exp_id), b"")
             txn.put(component_key(exp_id), keep)
         for key, _ in list(txn.scan(component_op_prefix(move))):
             txn.delete(key)
             txn.put(component_op_key(keep, parse_component_op_key(key)), b"")
+        txn.put(component_size_key(keep), u64(sizes[a] + sizes[b]))
+        txn.delete(component_size_key(move))
         starts = [start for start in (work.dirty.pop(move, None), work.dirty.get(keep)) if start is not None]
         assert starts, "the component being placed into is dirty"
         # both halves were folded apart, which is right for all their operations before the first new one
@@ -465,29 +492,42 @@ class Library:
         return keep
 
     def _fold_component(self, work: _Work, component: bytes, start: bytes) -> None:
-        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again."""
+        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again.
+
+        Only the component's operations from `start` on are read unless it must be folded again.
+        """
         txn, records = work.records.txn, work.records
-        orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
-        members = [parse_member_key(key) for key, _ in txn.scan(member_prefix(component))]
-        again = any(order >= start and order not in work.new for order in orders)
+        records.recent = []  # a component's records are read by its own fold only
+        later = [
+            parse_component_op_key(key)
+            for key, _ in txn.scan(component_op_prefix(component), component_op_key(component, start))
+        ]
+        again = any(order not in work.new for order in later)
         if again:
-            for exp_id in members:
+            orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
+            for exp_id in self._members(txn, component):
                 records.drop(exp_id)
             for order in orders:
                 txn.delete(status_key(order_cid(order)))
             work.fold.refolded += sum(1 for order in orders if order not in work.new)
-        for order in orders if again else [order for order in orders if order in work.new]:
+        for order in orders if again else later:
             cid = order_cid(order)
             op = work.fold.operations.get(cid) or load_stored(txn.get(block_key(cid)))
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
-        if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in members):
-            self._tally(work, members)  # (`record` first: it remembers, on first reading, what stood before)
+        # which experience stands for which decides where votes count; one created by this fold had none
+        touched = [exp_id for exp_id in records.recent if records.before[exp_id] is not None]
+        if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in touched):
+            self._tally(work, self._members(txn, component))
         elif again:  # the same experiences stand for the same ones: the votes count as they did
-            for exp_id in members:
-                before, now = records.before.get(exp_id), records.record(exp_id)
+            for exp_id in touched:
+                before, now = records.before[exp_id], records.record(exp_id)
                 if before is not None and now is not None and (before.up, before.down) != (now.up, now.down):
                     now.up, now.down = before.up, before.down
                     records.put(now)
+
+    @staticmethod
+    def _members(txn: Transaction, component: bytes) -> list[bytes]:
+        return [parse_member_key(key) for key, _ in txn.scan(member_prefix(component))]
 
     def _publish_changes(self, work: _Work) -> None:
         """The live versions this fold changed, for the vector index."""
@@ -541,9 +581,9 @@ class Library:
                 txn.delete(key)
             root = records.resolved(exp_id)
             status = OpStatus.applied(exp_id) if root is not None else _not_experience(exp_id)
-            for key, kind in txn.scan(by_target_prefix(exp_id)):
-                voter = order_cid(parse_by_target_key(key))
-                if kind == vote and self.clock_void(txn, self.meta(txn, voter)) is None:
+            for key, _ in txn.scan(by_target_prefix(exp_id, vote)):
+                voter = order_cid(parse_by_target_key(key)[1])
+                if self.clock_void(txn, self.meta(txn, voter)) is None:
                     txn.put(status_key(voter), status.pack())  # a vote counts only on an experience that exists
             if root is None:
                 continue
@@ -589,16 +629,11 @@ class Library:
         """A new experience, absorbed into the canonically earliest earlier add it nearly duplicates (§7.6)."""
         assert op.content is not None
         record = _new_record(cid, op, support=1)
-        earlier = [
-            (self.meta(records.txn, other).clock, other)
-            for other in (parse_near_key(key) for key, _ in records.txn.scan(near_prefix(cid)))
-        ]
-        mine = (op.clock, cid)
-        earliest = min((rank for rank in earlier if rank < mine), default=None)
-        if earliest is None:
+        absorbed_into = records.txn.get(absorbs_key(cid))
+        if absorbed_into is None:
             records.put(record)
             return OpStatus.applied(cid)
-        into = earliest[1]
+        into = absorbed_into
         root = records.resolved(into)
         assert root is not None, "an earlier add in the component has been folded"
         stands = records.record(root)
@@ -626,9 +661,9 @@ class Library:
 
     def _merge(self, records: _Records, cid: bytes, op: Operation, meta: OpMeta) -> OpStatus:
         delete, modify = _KIND_BYTE[Kind.DELETE], _KIND_BYTE[Kind.MODIFY]
-        for target in meta.targets:
-            for key, kind in records.scan(by_target_prefix(target)):
-                other = order_cid(parse_by_target_key(key))
+        for target, kind in ((target, kind) for target in meta.targets for kind in (delete, modify)):
+            for key, _ in records.scan(by_target_prefix(target, kind)):
+                other = order_cid(parse_by_target_key(key)[1])
                 if self.clock_void(records, self.meta(records, other)) is not None:
                     continue  # void by its clock: it acts on nothing, not even a merge
                 if kind == delete and not self.is_ancestor(records, cid, other):

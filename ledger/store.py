@@ -24,7 +24,7 @@ FORMAT = b"experience-ledger/store/1"
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
 # the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
-# T, Y, R, C, G, Q, E, Z, F.
+# T, Y, R, C, G, Q, J, E, Z, F and META last_add.
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> operation bytes
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -35,7 +35,7 @@ PENDING = b"P"  # P cid -> cids it still waits for
 WAITER = b"W"  # W dependency cid, waiting cid -> ""
 HEAD = b"H"  # H cid -> "" (applied operations that no applied operation names as parent)
 BY_AUTHOR = b"A"  # A author did, 0x00, u64 seq -> cid
-BY_TARGET = b"T"  # T target cid, order -> kind byte (applied operations naming a target)
+BY_TARGET = b"T"  # T target cid, kind byte, order -> "" (applied operations naming a target, by kind)
 ORDER = b"O"  # O order (u64 clock, cid) -> "" (applied operations in canonical order)
 EXPERIENCE = b"X"  # X experience id -> experience record
 BY_DOMAIN = b"D"  # D domain path, 0x00, experience id -> "" (live experiences)
@@ -45,20 +45,21 @@ COUNTED = b"R"  # R root experience id, author did -> the author's vote that cou
 COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by near-duplicates and merges)
 MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
-NEAR = b"E"  # E add cid, add cid -> "" (near-duplicates: both directions)
-BUCKET = b"Z"  # Z band number, band hash -> the orders of the adds in that bucket (locality-sensitive hashing)
+ABSORBS = b"E"  # E add cid -> the canonically earliest earlier add it nearly duplicates (§7.6)
+BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds, in fold order)
+COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
 
 U64 = struct.Struct(">Q")
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, NEAR))
+_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, BUCKET))
 
 FORMAT_KEY = META + b"format"
 LOG_SIZE = META + b"log_size"
 STATE_ROOT = META + b"state_root"
 GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 NETWORK = META + b"network"  # the network parameters the directory was created with
-MAX_CLOCK = META + b"max_clock"  # the highest clock of any stored operation
+LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
 
 
 def u64(value: int) -> bytes:
@@ -145,17 +146,19 @@ def parse_ordered_key(key: bytes) -> bytes:
     return key[1:]
 
 
-def by_target_key(target: bytes, order: bytes) -> bytes:
-    return BY_TARGET + target + order
+def by_target_key(target: bytes, kind: bytes, order: bytes) -> bytes:
+    """`kind` is the one-byte kind of the operation naming `target`."""
+    return BY_TARGET + target + kind + order
 
 
-def by_target_prefix(target: bytes) -> bytes:
-    return BY_TARGET + target
+def by_target_prefix(target: bytes, kind: bytes = b"") -> bytes:
+    """Keys of the operations naming `target` (of one kind, if given)."""
+    return BY_TARGET + target + kind
 
 
-def parse_by_target_key(key: bytes) -> bytes:
-    """The order (clock, CID) of the operation naming the target."""
-    return key[1 + CID_LENGTH :]
+def parse_by_target_key(key: bytes) -> tuple[bytes, bytes]:
+    """(kind byte, order) of the operation naming the target."""
+    return key[1 + CID_LENGTH : 2 + CID_LENGTH], key[2 + CID_LENGTH :]
 
 
 def experience_key(exp_id: bytes) -> bytes:
@@ -235,32 +238,26 @@ def parse_component_op_key(key: bytes) -> bytes:
     return key[1 + CID_LENGTH :]
 
 
-def near_prefix(add: bytes) -> bytes:
-    return NEAR + add
+def absorbs_key(add: bytes) -> bytes:
+    return ABSORBS + add
 
 
-def near_key(add: bytes, other: bytes) -> bytes:
-    return NEAR + add + other
+def component_size_key(component: bytes) -> bytes:
+    return COMPONENT_SIZE + component
 
 
-def parse_near_key(key: bytes) -> bytes:
-    """The other add of a NEAR key."""
-    return key[1 + CID_LENGTH :]
-
-
-def bucket_key(band: bytes) -> bytes:
+def bucket_prefix(band: bytes) -> bytes:
     """`band` is a band key (band number and hash) from `ledger.neardup.band_keys`."""
     return BUCKET + band
 
 
-def join_orders(orders: list[bytes]) -> bytes:
-    return b"".join(orders)
+def bucket_key(band: bytes, order: bytes) -> bytes:
+    return BUCKET + band + order
 
 
-def split_orders(raw: bytes) -> list[bytes]:
-    """The orders (clock, CID) of a bucket's value."""
-    width = 8 + CID_LENGTH
-    return [raw[i : i + width] for i in range(0, len(raw), width)]
+def parse_bucket_key(key: bytes, band: bytes) -> bytes:
+    """The order (clock, CID) of an add in the bucket `band`."""
+    return key[1 + len(band) :]
 
 
 def vector_key(add: bytes) -> bytes:
