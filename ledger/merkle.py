@@ -43,21 +43,52 @@ def _split(width: int) -> int:
     return 1 << ((width - 1).bit_length() - 1)
 
 
+class Frontier:
+    """The perfect subtrees that cover the first `size` leaves of a log (a "compact range"): enough to append
+    leaves and compute the root at every size after it, without the leaves before. A node reading another
+    node's log keeps one per peer, so each page it reads can be checked against that peer's signed head."""
+
+    def __init__(self, size: int = 0, subtrees: Iterable[bytes] = ()) -> None:
+        self.size = size
+        levels = [bit for bit in range(size.bit_length() - 1, -1, -1) if size >> bit & 1]
+        hashes = list(subtrees)
+        if len(hashes) != len(levels):
+            raise ProofError(
+                "proof.frontier", f"a frontier of size {size} has {len(levels)} subtrees, not {len(hashes)}"
+            )
+        self._stack: list[tuple[int, bytes]] = list(zip(levels, hashes, strict=True))  # largest first: (level, hash)
+
+    @property
+    def subtrees(self) -> list[bytes]:
+        return [node for _, node in self._stack]
+
+    def append(self, leaf: bytes) -> None:
+        """Add one leaf hash."""
+        level, node = 0, leaf
+        while self._stack and self._stack[-1][0] == level:
+            node = node_hash(self._stack.pop()[1], node)
+            level += 1
+        self._stack.append((level, node))
+        self.size += 1
+
+    def root(self) -> bytes:
+        if not self._stack:
+            return EMPTY_ROOT
+        root = self._stack[-1][1]
+        for _, node in reversed(self._stack[:-1]):
+            root = node_hash(node, root)
+        return root
+
+    def copy(self) -> Frontier:
+        return Frontier(self.size, self.subtrees)
+
+
 def root_of_leaf_hashes(leaves: Iterable[bytes]) -> bytes:
     """MTH computed from the leaf hashes alone, without any stored inner node (for verification)."""
-    stack: list[tuple[int, bytes]] = []  # perfect subtrees, largest first: (level, hash)
+    frontier = Frontier()
     for leaf in leaves:
-        level, node = 0, leaf
-        while stack and stack[-1][0] == level:
-            node = node_hash(stack.pop()[1], node)
-            level += 1
-        stack.append((level, node))
-    if not stack:
-        return EMPTY_ROOT
-    root = stack[-1][1]
-    for _, node in reversed(stack[:-1]):
-        root = node_hash(node, root)
-    return root
+        frontier.append(leaf)
+    return frontier.root()
 
 
 def stored_size(view: ReadView) -> int:

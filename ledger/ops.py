@@ -113,6 +113,12 @@ class Operation:
             rec["signature"] = self.signature
         return rec
 
+    @property
+    def dependencies(self) -> tuple[CID, ...]:
+        """Parents and targets, each once: what must be applied before this operation applies."""
+        targets = self.targets if self.target is None else (self.target, *self.targets)
+        return tuple(dict.fromkeys(self.parents + targets))
+
     def signing_bytes(self) -> bytes:
         """What the signature covers: the canonical encoding without the signature field."""
         return codec.encode(self.record(signed=False))

@@ -25,6 +25,7 @@ from ledger.store import (
     STATE_ROOT,
     WAITER,
     ReadView,
+    StoreError,
     block_key,
     by_author_prefix,
     cid_of_key,
@@ -182,6 +183,19 @@ class LedgerView:
         if raw is None:
             raise ProofError("proof.leaf", f"position {position} is not in the log (size {self.log_size})")
         return CID(raw)
+
+    def entries(self, start: int, end: int) -> list[bytes]:
+        """The operations at log positions [start, end), as stored (what a peer reading this log receives)."""
+        if not 0 <= start <= end <= self.log_size:
+            raise ProofError("proof.range", f"entries [{start}, {end}) are not in the log (size {self.log_size})")
+        found = []
+        for position in range(start, end):
+            cid = self._view.get(log_key(position))
+            data = self._view.get(block_key(cid)) if cid is not None else None
+            if data is None:
+                raise StoreError("store.corrupt", f"log position {position} names no stored operation")
+            found.append(data)
+        return found
 
     def position(self, cid: CID) -> int | None:
         raw = self._view.get(seq_key(cid.raw))

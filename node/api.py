@@ -14,11 +14,12 @@ import importlib.metadata
 import math
 import re
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from ledger.cid import CID, CIDError
+from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Submission, Verdict
 from ledger.jsonview import JsonViewError, experience_from_json, experience_json
 from ledger.merkle import ProofError
@@ -33,11 +34,15 @@ from node.jsonrpc import (
     NOT_FOUND,
     REJECTED,
     STOPPING,
+    UNAVAILABLE,
     Dispatcher,
     RpcError,
     invalid_params,
 )
 from node.service import Busy, IngestFailed, Node, Stopping
+
+if TYPE_CHECKING:
+    from p2p.service import P2PNode
 
 VERSION = importlib.metadata.version("experience-ledger")
 MAX_QUERY_CHARS = 10_000
@@ -191,8 +196,8 @@ def _content_json(content: Experience) -> dict[str, Any]:
 # --- the methods --------------------------------------------------------------------------------------
 
 
-def register(rpc: Dispatcher, node: Node, stop: trio.Event) -> None:
-    """Register every method of docs/RPC.md on `rpc`."""
+def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None) -> None:
+    """Register every method of docs/RPC.md on `rpc`; `network` is None for a node without p2p."""
     ledger, params = node.ledger, node.ledger.params
 
     async def submit_block(data: bytes) -> dict[str, Any]:
@@ -473,7 +478,14 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event) -> None:
                 "uptime_seconds": round(time.time() - node.started, 3),
             }
 
-        return await node.read(read)
+        answer = await node.read(read)
+        answer["p2p"] = None
+        if network is not None:
+            answer["p2p"] = {"peer_id": str(network.id), "addrs": network.addrs, "sync": network.sync_status()}
+        return answer
+
+    if network is not None:
+        register_network(rpc, network)
 
     @rpc.method("stop")
     async def stop_node() -> dict[str, Any]:
@@ -481,3 +493,38 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event) -> None:
         return {"stopping": True}
 
     node.metrics.set_known_methods(rpc.method_names)
+
+
+def register_network(rpc: Dispatcher, network: P2PNode) -> None:
+    """The peer methods (Kubo's `swarm peers/connect/disconnect`)."""
+
+    @rpc.method("peers")
+    async def peers() -> dict[str, Any]:
+        listed = sorted(network.peers.values(), key=lambda p: (p.connected_since is None, str(p.id)))
+        return {"self": network.describe(), "peers": [peer.to_json() for peer in listed]}
+
+    @rpc.method("peers.connect")
+    async def peers_connect(addr: Any) -> dict[str, Any]:
+        from p2p.host import parse_peer_addr  # libp2p loads only in a daemon with a network
+
+        text = _text(addr, "addr", 1000)
+        try:
+            parse_peer_addr(text)
+        except LedgerError as exc:
+            raise invalid_params("addr", exc.message, exc.code) from None
+        try:
+            peer_id = await network.connect(text)
+        except trio.TooSlowError:
+            raise RpcError(UNAVAILABLE, f"{text}: no answer within the dial timeout", {"code": "p2p.dial"}) from None
+        except Exception as exc:  # libp2p raises many types for a failed dial
+            raise RpcError(UNAVAILABLE, f"{text}: cannot connect ({exc})", {"code": "p2p.dial"}) from None
+        return {"peer_id": str(peer_id), "connected": True}
+
+    @rpc.method("peers.disconnect")
+    async def peers_disconnect(peer_id: Any) -> dict[str, Any]:
+        text = _text(peer_id, "peer_id", 100)
+        match = next((p for p in network.peers.values() if str(p.id) == text), None)
+        if match is None or match.connected_since is None:
+            raise RpcError(NOT_FOUND, f"peer_id: not connected to {text}", {"code": "p2p.unknown_peer"})
+        await network.disconnect(match.id)
+        return {"peer_id": text, "connected": False}

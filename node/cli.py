@@ -279,6 +279,31 @@ def _refuse_non_utf8(args: argparse.Namespace) -> None:
                 )
 
 
+def cmd_id(args: argparse.Namespace) -> int:
+    """The peer id (from p2p.key) and full multiaddrs: the running daemon's, else those config.toml asks for."""
+    from p2p.host import key_pair, peer_id  # libp2p (0.4 s to import) loads only for this command
+
+    home = Home(args.home)
+    config = home.config()
+    identity = str(peer_id(key_pair(home.peer_key().seed)))
+    running = home.p2p_addrs_file.exists()
+    if running:
+        addrs = home.p2p_addrs_file.read_text().split()
+    else:
+        addrs = [f"{addr}/p2p/{identity}" for addr in config.p2p.listen]
+    if args.json:
+        print(json.dumps({"peer_id": identity, "addrs": addrs, "running": running}, indent=2))
+        return 0
+    _emit(f"peer id: {identity}")
+    for addr in addrs:
+        _emit(f"  {addr}")
+    if not addrs:
+        _emit("  (no [p2p] listen address in config.toml: this node does not join a network)")
+    elif not running and any("/tcp/0/" in addr for addr in addrs):
+        _emit("  (port 0 is chosen when the daemon starts; run `expledger id` again while it runs)")
+    return 0
+
+
 def cmd_keygen(args: argparse.Namespace) -> int:
     key = AuthorKey.generate()
     key.save(Path(args.out))
@@ -420,6 +445,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("--network", metavar="FILE", default=argparse.SUPPRESS, help="join this network's parameters")
     init.add_argument("--rpc", metavar="HOST:PORT", help="where the RPC server listens (port 0: any free port)")
+    init.add_argument(
+        "--p2p",
+        metavar="MULTIADDR",
+        help='where libp2p listens, e.g. /ip4/127.0.0.1/tcp/0 (any free port); "" for none',
+    )
     daemon = commands.add_parser("daemon", parents=[common], help="run the node (in the foreground unless --detach)")
     daemon.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="overrides config.toml")
     daemon.add_argument(
@@ -427,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_commands(commands, common)
 
+    commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
     keygen.add_argument("--out", required=True, metavar="FILE", help="where to write the key; must not exist")
 
@@ -488,7 +519,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         _refuse_non_utf8(args)
         params = NetworkParams.from_file(Path(args.network)) if args.network else NetworkParams()
         if args.command == "init":
-            for line in Home(args.home).init(params if args.network else None, args.rpc):
+            for line in Home(args.home).init(params if args.network else None, args.rpc, args.p2p):
                 _emit(line)
             return 0
         if args.command == "daemon":
@@ -497,6 +528,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.detach:
                 return daemon.detach(Home(args.home), args.log_level)
             return daemon.run(Home(args.home), args.log_level)
+        if args.command == "id":
+            return cmd_id(args)
         if getattr(args, "client_command", None) == "submit":
             return client.run_command(args, _inspected_bytes(args.source, params))
         if getattr(args, "client_command", None):

@@ -148,6 +148,11 @@ def add_commands(commands: argparse._SubParsersAction, common: argparse.Argument
     submit = command("submit", "submit a signed operation (a file of raw or hex DAG-CBOR, or hex)")
     submit.add_argument("source", metavar="FILE|HEX")
     command("stop", "stop the daemon gracefully")
+    command("peers", "the peer table: connection, node, operations received, invalid, sync position")
+    connect = command("connect", "dial a peer now (it is not redialled; add it to [p2p] bootstrap for that)")
+    connect.add_argument("addr", metavar="MULTIADDR", help="ending in /p2p/PEERID (see `expledger id`)")
+    disconnect = command("disconnect", "close the connection to a peer (a bootstrap peer is redialled)")
+    disconnect.add_argument("peer_id", metavar="PEERID")
 
 
 def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
@@ -168,6 +173,9 @@ def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return name, fields
     simple: dict[str, dict[str, Any]] = {
         "status": {},
+        "peers": {},
+        "connect": {"addr": getattr(args, "addr", None)},
+        "disconnect": {"peer_id": getattr(args, "peer_id", None)},
         "head": {},
         "stop": {},
         "delete": {"target": getattr(args, "target", None), "reason": getattr(args, "reason", None)},
@@ -176,7 +184,7 @@ def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         "history": {"id": getattr(args, "id", None)},
     }
     if name in simple:
-        return name, simple[name]
+        return {"connect": "peers.connect", "disconnect": "peers.disconnect"}.get(name, name), simple[name]
     if name == "list":
         found = {key: getattr(args, key) for key in ("domain", "author", "status", "conflicted", "cursor")}
         return name, {"limit": args.limit, **{key: value for key, value in found.items() if value is not None}}
@@ -267,6 +275,22 @@ def render(method: str, result: Any) -> str:
         return _table(["SCORE", "ID", "DOMAIN", "TEXT"], rows) if rows else "no experience above the threshold"
     if method == "context":
         return result["prompt"]
+    if method == "peers":
+        sync = result["self"]["sync"]
+        rows = [
+            [
+                p["peer_id"],
+                "banned" if p["banned_for"] else ("connected" if p["connected"] else "-"),
+                _cut(p["node"], 24) or "-",
+                str(p["operations_received"]),
+                str(p["invalid"]),
+                f"{p['sync']['read']}/{p['sync']['head']}",
+                p["sync"]["state"],
+            ]
+            for p in result["peers"]
+        ]
+        mine = f"peer {result['self']['peer_id']}: {sync['state']} ({sync['behind']} behind, {sync['orphans']} orphans)"
+        return mine + "\n" + _table(["PEER", "STATE", "NODE", "OPS IN", "INVALID", "READ/HEAD", "SYNC"], rows)
     return "\n".join(
         f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}" for key, value in result.items()
     )

@@ -5,9 +5,12 @@ Layout (like Kubo's repo or Bitcoin Core's datadir):
     config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits
     network.json    the genesis: the network's parameters (ledger.params), shared by every node
     author.key      signs the operations this node makes for its RPC clients (0600)
+    p2p.key         the libp2p identity: the peer id others dial (0600)
+    p2p/            what this node has read of other nodes' logs, and evidence of forks
     data/           the ledger: LevelDB, node key, high-water mark, vector index
     rpc.cookie      while the daemon runs: the token every RPC request carries (0600)
     rpc.url         while the daemon runs: where its RPC server listens
+    p2p.addrs       while the daemon runs: its full libp2p multiaddrs, one per line
     daemon.pid      while the daemon runs
 
 Every problem with the config names the file, the key and what was expected.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +32,9 @@ HOME_ENV = "EXPLEDGER_HOME"
 CONFIG_FILE = "config.toml"
 NETWORK_FILE = "network.json"
 AUTHOR_KEY = "author.key"
+PEER_KEY = "p2p.key"
+P2P_DIR = "p2p"
+P2P_ADDRS_FILE = "p2p.addrs"
 DATA_DIR = "data"
 COOKIE_FILE = "rpc.cookie"
 URL_FILE = "rpc.url"
@@ -67,7 +74,9 @@ class RpcConfig:
 
 @dataclass(frozen=True, slots=True)
 class P2PConfig:
+    #: TCP multiaddrs to listen on; empty: no network (a node on its own)
     listen: tuple[str, ...] = (f"/ip4/127.0.0.1/tcp/{DEFAULT_P2P_PORT}",)
+    #: peers (multiaddrs ending in /p2p/PEERID) dialled at start and redialled whenever disconnected
     bootstrap: tuple[str, ...] = ()
 
 
@@ -109,7 +118,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "max_body_bytes": (int, "an integer from 1024 to 67108864"),
         "max_batch": (int, "an integer from 1 to 10000"),
     },
-    "p2p": {"listen": (list, "a list of multiaddrs"), "bootstrap": (list, "a list of multiaddrs")},
+    "p2p": {
+        "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
+        "bootstrap": (list, "a list of multiaddrs ending in /p2p/PEERID"),
+    },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
     "retrieval": {"model": (str, '"network"')},
@@ -168,8 +180,10 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1024 <= value <= 64 << 20
         case "rpc", "max_batch":
             return 1 <= value <= 10_000
-        case "p2p", _:
-            return all(item.startswith("/") for item in value)
+        case "p2p", "listen":
+            return all(_tcp_multiaddr(item) for item in value)
+        case "p2p", "bootstrap":
+            return all(_tcp_multiaddr(item, peer=True) for item in value)
         case "log", "level":
             return value in LOG_LEVELS
         case "log", "format":
@@ -181,6 +195,21 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
         case "retrieval", "model":
             return value == "network"
     return False
+
+
+_TCP_MULTIADDR = re.compile(r"/(ip4|ip6)/([^/]+)/tcp/(\d{1,5})(/p2p/([1-9A-HJ-NP-Za-km-z]{40,60}))?")
+
+
+def _tcp_multiaddr(text: str, peer: bool = False) -> bool:
+    """/ip4|ip6/ADDRESS/tcp/PORT, with /p2p/PEERID exactly when `peer` (checked without importing libp2p)."""
+    match = _TCP_MULTIADDR.fullmatch(text)
+    if match is None or bool(match.group(4)) != peer or int(match.group(3)) > 65535:
+        return False
+    try:
+        address = ipaddress.ip_address(match.group(2))
+    except ValueError:
+        return False
+    return address.version == (4 if match.group(1) == "ip4" else 6)
 
 
 def _host_port(text: str) -> bool:
@@ -213,6 +242,9 @@ max_body_bytes = {rpc.max_body_bytes}
 max_batch = {rpc.max_batch}
 
 [p2p]
+# libp2p (Noise-encrypted TCP). `expledger id` prints the addresses to give to other nodes;
+# bootstrap peers are dialled at start and redialled whenever the connection drops. listen = []
+# runs the node on its own.
 listen = {strings(p2p.listen)}
 bootstrap = {strings(p2p.bootstrap)}
 

@@ -37,6 +37,9 @@ from node.jsonrpc import Dispatcher
 from node.metrics import NodeMetrics
 from node.server import ServerState, build_app
 from node.service import Node
+from p2p.host import key_pair
+from p2p.service import P2PNode, route_library_logs
+from p2p.sync import LogStates
 
 log = logging.getLogger("expledger.daemon")
 
@@ -64,6 +67,7 @@ class Startup:
     ledger: Ledger
     author: AuthorKey
     sock: socket.socket
+    peer_key: AuthorKey  # the libp2p identity's seed
 
 
 @dataclass
@@ -88,6 +92,12 @@ def bind_listener(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _multiaddr_host_port(addr: str) -> tuple[str, int]:
+    """(host, port) of a /ip4|ip6/HOST/tcp/PORT multiaddr (config.py checked its form)."""
+    parts = addr.split("/")
+    return parts[2], int(parts[4])
 
 
 def _running_daemon(home: Home) -> int | None:
@@ -115,15 +125,26 @@ def start(home: Home, log_level: str | None = None) -> Startup:
             f"cannot listen on {config.rpc.listen} for RPC: {exc.strerror}; "
             f"is another node using it? Change [rpc] listen in {home.config_file}"
         ) from None
+    for addr in config.p2p.listen:
+        host, port = _multiaddr_host_port(addr)
+        try:
+            bind_listener(host, port).close()  # a port in use is reported now, in one line, not deep in libp2p
+        except OSError as exc:
+            sock.close()
+            raise StartupError(
+                f"cannot listen on {addr} for p2p: {exc.strerror}; is another node using it? "
+                f"Change [p2p] listen in {home.config_file}"
+            ) from None
     try:
         author = home.author_key()
+        peer_key = home.peer_key()
         ledger = Ledger.open(home.data_dir, params)
     except LedgerError as exc:
         sock.close()
         if exc.code == "store.open" and "lock" in exc.message.lower():
             raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
         raise
-    return Startup(config, ledger, author, sock)
+    return Startup(config, ledger, author, sock, peer_key)
 
 
 async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
@@ -155,8 +176,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     metrics = NodeMetrics()
     hub = EventHub(metrics)
     node = Node(ledger, startup.author, config, metrics, hub)
+    network = _network(home, startup, node) if config.p2p.listen else None
     dispatcher = Dispatcher(max_batch=config.rpc.max_batch, observer=metrics)
-    api.register(dispatcher, node, control.drain)
+    api.register(dispatcher, node, control.drain, network)
     token = secrets.token_hex(32)
     write_file_atomically(home.cookie_file, f"__cookie__:{token}".encode())
     view = ledger.view()
@@ -187,20 +209,56 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
 
     app = build_app(state, config.rpc.max_body_bytes)
 
+    network_stopped = trio.Event()
+
+    async def run_network(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            if network is None:
+                task_status.started([])
+                return
+            await network.run(task_status=task_status)
+        finally:
+            network_stopped.set()
+
+    async def stop_network() -> None:
+        await control.drain.wait()
+        if network is not None:
+            network.stop.set()  # first: peers stop feeding the queue before it closes
+
     async def serve_then_close_queue(*, task_status: trio.TaskStatus[list[str]]) -> None:
         await serve(app, server_config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+        await network_stopped.wait()
         node.close_queue()  # every request has been answered: the ingest task drains what is queued, then ends
 
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_ingest)
+            nursery.start_soon(stop_network)
+            p2p_addrs: list[str] = await nursery.start(run_network)
+            if p2p_addrs:
+                write_file_atomically(home.p2p_addrs_file, "".join(f"{addr}\n" for addr in p2p_addrs).encode())
+                log.info("p2p: listening on %s", ", ".join(p2p_addrs))
             binds: list[str] = await nursery.start(serve_then_close_queue)
             url = binds[0].rstrip("/") + "/"  # the RPC endpoint is POST /
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)
     finally:
-        for path in (home.cookie_file, home.url_file):
+        for path in (home.cookie_file, home.url_file, home.p2p_addrs_file):
             path.unlink(missing_ok=True)
+
+
+def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
+    """The p2p layer, fed by and feeding the node's ingest queue."""
+    route_library_logs()
+    network = P2PNode(
+        key_pair(startup.peer_key.seed),
+        startup.config.p2p.listen,
+        startup.config.p2p.bootstrap,
+        node,
+        LogStates(home.p2p_dir),
+    )
+    node.committed.append(network.committed)
+    return network
 
 
 async def _main(home: Home, startup: Startup) -> int:

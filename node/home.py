@@ -19,10 +19,14 @@ from node.config import (
     COOKIE_FILE,
     DATA_DIR,
     NETWORK_FILE,
+    P2P_ADDRS_FILE,
+    P2P_DIR,
+    PEER_KEY,
     PID_FILE,
     URL_FILE,
     Config,
     ConfigError,
+    P2PConfig,
     RpcConfig,
     check_value,
     load_config,
@@ -47,6 +51,18 @@ class Home:
     @property
     def author_key_file(self) -> Path:
         return self.path / AUTHOR_KEY
+
+    @property
+    def peer_key_file(self) -> Path:
+        return self.path / PEER_KEY
+
+    @property
+    def p2p_dir(self) -> Path:
+        return self.path / P2P_DIR
+
+    @property
+    def p2p_addrs_file(self) -> Path:
+        return self.path / P2P_ADDRS_FILE
 
     @property
     def data_dir(self) -> Path:
@@ -82,7 +98,15 @@ class Home:
     def author_key(self) -> AuthorKey:
         return AuthorKey.load(self.author_key_file)
 
-    def init(self, network: NetworkParams | None = None, rpc_listen: str | None = None) -> list[str]:
+    def peer_key(self) -> AuthorKey:
+        """The libp2p identity's seed, kept like the author key (created if a home made before it lacks one)."""
+        if not self.peer_key_file.exists():
+            AuthorKey.generate().save(self.peer_key_file)
+        return AuthorKey.load(self.peer_key_file)
+
+    def init(
+        self, network: NetworkParams | None = None, rpc_listen: str | None = None, p2p_listen: str | None = None
+    ) -> list[str]:
         """Create what is missing, check what exists; returns one line per item saying which.
 
         `network` joins an existing network's parameters; a home made for another network is refused.
@@ -100,6 +124,9 @@ class Home:
                 config = dataclasses.replace(
                     config, rpc=RpcConfig(listen=check_value("--rpc", "rpc", "listen", rpc_listen))
                 )
+            if p2p_listen is not None:
+                listen = check_value("--p2p", "p2p", "listen", [p2p_listen] if p2p_listen else [])
+                config = dataclasses.replace(config, p2p=P2PConfig(listen=listen))
             _write_new(self.config_file, render_config(config))
             report.append(f"created {self.config_file} (RPC on {config.rpc.listen})")
         if self.network_file.exists():
@@ -122,6 +149,11 @@ class Home:
             key = AuthorKey.generate()
             key.save(self.author_key_file)
             report.append(f"created {self.author_key_file} (author {key.did})")
+        if self.peer_key_file.exists():
+            report.append(f"found {self.peer_key_file} (the libp2p identity; `expledger id` prints it)")
+        else:
+            self.peer_key()
+            report.append(f"created {self.peer_key_file} (the libp2p identity; `expledger id` prints it)")
         existed = (self.data_dir / "ledger.db").exists()
         ledger = Ledger.open(self.data_dir, network)  # creates it, or checks it belongs to this network
         try:

@@ -33,6 +33,7 @@ REJECTED = -32001  # a submitted operation was rejected: `data.errors` lists eve
 NOT_FOUND = -32002  # no such experience, operation or log position here
 BUSY = -32003  # the ingest queue is full: retry later
 STOPPING = -32004  # the node is shutting down
+UNAVAILABLE = -32005  # a peer could not be reached (peers.connect)
 
 Handler = Callable[..., Awaitable[Any]]
 

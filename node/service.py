@@ -27,6 +27,7 @@ from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
 from ledger.ops import Block, Kind, Operation, sign
 from ledger.retrieval import Retriever
+from ledger.view import LedgerView
 from node.config import Config
 from node.events import EventHub
 from node.metrics import NodeMetrics
@@ -68,6 +69,11 @@ class Node:
         self.hub = hub
         self.retriever = Retriever(ledger)
         self.started = time.time()
+        self.params = ledger.params
+        self.node_did = ledger.node_key.did
+        #: called on the event loop after every ingest batch with its receipts and submitted bytes (the network
+        #: gossips what was made here and releases operations that waited for what was stored)
+        self.committed: list[Callable[[list[Receipt], list[bytes]], None]] = []
         self._send, self._receive = trio.open_memory_channel[_Waiting](config.ingest.queue)
         self._writer = trio.CapacityLimiter(1)
         self._readers = trio.CapacityLimiter(READER_THREADS)
@@ -90,6 +96,32 @@ class Node:
             raise IngestFailed(str(waiting.error)) from waiting.error
         assert waiting.receipt is not None
         return waiting.receipt
+
+    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool) -> list[Receipt] | None:
+        """Queue operations from the network and wait until they are durable; their receipts. With `wait`
+        False (gossip) a queue without room for all of them refuses them all at once: None, nothing queued."""
+        waiting = [_Waiting(Submission(data, source)) for data in ops]
+        try:
+            if not wait:
+                if self.queued() + len(waiting) > self.config.ingest.queue:
+                    self.metrics.ingest_refused.inc(len(waiting))
+                    return None
+                for item in waiting:
+                    self._send.send_nowait(item)
+            else:
+                for item in waiting:
+                    await self._send.send(item)
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            raise Stopping("the node is stopping") from None
+        self.metrics.ingest_queue.set(self.queued())
+        for item in waiting:
+            await item.done.wait()
+            if item.error is not None:
+                raise IngestFailed(str(item.error)) from item.error
+        return [item.receipt for item in waiting if item.receipt is not None]
+
+    def view(self) -> LedgerView:
+        return self.ledger.view()
 
     def queued(self) -> int:
         return self._receive.statistics().current_buffer_used
@@ -134,6 +166,8 @@ class Node:
                 )
         for event in released:
             self.hub.publish("operation", event)
+        for listener in self.committed:
+            listener(receipts, [waiting.submission.data for waiting in batch])
         self.metrics.ingest_batch_size.observe(len(batch))
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
 

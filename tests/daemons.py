@@ -32,9 +32,10 @@ def expledger(*args: str, home: Path | None = None, timeout: float = 120) -> sub
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def init_home(home: Path, *, network: Path | None = None, config: str | None = None) -> None:
-    """`expledger init` on a free port; `config` (TOML) replaces the config it wrote."""
-    args = ["init", "--home", str(home), "--rpc", "127.0.0.1:0"]
+def init_home(home: Path, *, network: Path | None = None, config: str | None = None, p2p: str = "") -> None:
+    """`expledger init` on a free RPC port; `p2p` is its libp2p listen address ("": none, a node on its own;
+    /ip4/127.0.0.1/tcp/0: any free port); `config` (TOML) replaces the config it wrote."""
+    args = ["init", "--home", str(home), "--rpc", "127.0.0.1:0", "--p2p", p2p]
     if network is not None:
         args = ["--network", str(network), *args]
     result = subprocess.run([str(EXPLEDGER), *args], capture_output=True, text=True, timeout=120)

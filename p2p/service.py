@@ -1,0 +1,494 @@
+"""The p2p layer as one task of the daemon: the host, gossip in and out, sync with every peer, the peer table.
+
+Everything a peer sends reaches the ledger through the node's single ingest queue (`LedgerPort.ingest`):
+gossip is dropped and counted when that queue is full (sync repairs it), sync waits for room. Operations whose
+dependencies are not stored yet wait in the orphan pool (`p2p.orphans`) instead of the ledger.
+
+Start order matters in py-libp2p 0.8.1: Pubsub and GossipSub run before the host listens (a peer that opened a
+pubsub stream in between crashed the node). The stop is by an event, not a cancellation: peers are
+disconnected concurrently, then the host closed, shielded and bounded (`host.run()` alone leaks the listener).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import trio
+from libp2p.abc import IHost
+from libp2p.crypto.keys import KeyPair
+from libp2p.peer.id import ID
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+from multiaddr import Multiaddr
+
+from ledger.cid import CID
+from ledger.errors import LedgerError
+from ledger.ingest import Receipt, Source, Verdict
+from ledger.ops import decode_block
+from ledger.params import NetworkParams
+from ledger.validation import examine
+from ledger.view import LedgerView
+from p2p import gossip
+from p2p.gossip import GossipBatch, GossipError, Outbox
+from p2p.host import build_host, connect, full_addrs, parse_peer_addr
+from p2p.orphans import Orphan, OrphanPool
+from p2p.peers import (
+    BAN_SECONDS,
+    PENALTY_INVALID_GOSSIP,
+    PENALTY_MISBEHAVIOUR,
+    Peer,
+    PeerEvent,
+    PeerEvents,
+    ping,
+)
+from p2p.sync import ForkDetected, LogStates, Misbehaviour, SyncError, fetch_blocks, read_log, serve
+
+log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT = 5.0  # seconds; closing sends a yamux GO_AWAY per connection, a stalled peer must not hold the stop
+GOSSIP_QUEUE = 256  # received messages waiting for delivery (each at most 512 KiB)
+EVENT_QUEUE = 1024
+DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits for a durable batch)
+SYNCS = 4  # peers read at once
+SYNC_INTERVAL = 5.0  # seconds between syncs with a peer when nothing asks for one sooner
+DIAL_TIMEOUT = 5.0
+REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
+PING_INTERVAL = 10.0
+PING_TIMEOUT = 5.0
+ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
+FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
+
+
+class LedgerPort(Protocol):
+    """What the p2p layer needs of the node (the node implements it; p2p never imports node)."""
+
+    params: NetworkParams
+    node_did: str
+
+    def view(self) -> LedgerView: ...
+
+    async def read(self, function: Callable[..., Any], *args: Any) -> Any: ...
+
+    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool) -> list[Receipt] | None:
+        """Receipts once durable; None when the queue is full and `wait` is False (nothing was queued)."""
+        ...
+
+
+@dataclass
+class Counters:
+    gossip_received: int = 0
+    gossip_rejected: int = 0
+    gossip_dropped: int = 0  # our queue or the node's ingest queue was full
+    gossip_sent: int = 0
+    operations_gossiped: int = 0
+    sync_entries: int = 0
+    sync_served: int = 0
+    forks: int = 0
+
+
+def route_library_logs(level: int = logging.ERROR) -> None:
+    """`import libp2p` sets its logger to propagate=False with no handler, so its records bypass the daemon's log
+    format; route them through ours, at ERROR by default (it logs expected events, such as failed dials, at
+    WARNING and ERROR; the node reports its own)."""
+    library = logging.getLogger("libp2p")
+    library.propagate = True
+    library.setLevel(level)
+    logging.getLogger("libp2p.network.auto_connector").setLevel(level)
+
+
+@asynccontextmanager
+async def run_host(host: IHost, pubsub: Pubsub, listen: Sequence[Multiaddr]) -> AsyncIterator[None]:
+    """Pubsub, its router, then the host; inside the block the listeners are bound."""
+    async with background_trio_service(pubsub), background_trio_service(pubsub.router), host.run(listen):
+        try:
+            yield
+        finally:
+            with trio.move_on_after(CLOSE_TIMEOUT) as scope:
+                scope.shield = True
+                async with trio.open_nursery() as nursery:
+                    for peer in host.get_connected_peers():
+                        nursery.start_soon(host.disconnect, peer)
+                await host.close()
+            if scope.cancelled_caught:
+                log.warning("the p2p host did not close within %.0f s", CLOSE_TIMEOUT)
+
+
+class P2PNode:
+    """The network side of one node. `await nursery.start(p2p.run)` returns its multiaddrs once listening;
+    `p2p.stop.set()` ends it gracefully. The node calls `committed` after every ingest batch."""
+
+    def __init__(
+        self, keys: KeyPair, listen: Sequence[str], bootstrap: Sequence[str], ledger: LedgerPort, states: LogStates
+    ) -> None:
+        self.listen = [Multiaddr(addr) for addr in listen]
+        self.bootstrap = list(bootstrap)
+        self.ledger = ledger
+        self.states = states
+        self.host = build_host(keys, self.listen)
+        self.id = self.host.get_id()
+        self.topic = gossip.topic_for(ledger.params.network_id)
+        self.pubsub = gossip.build_pubsub(self.host, self.topic)
+        gossip.set_validator(self.pubsub, self.topic, self._check_gossip)
+        self.stop = trio.Event()
+        self.addrs: list[str] = []
+        self.counters = Counters()
+        self.orphans = OrphanPool()
+        self.peers: dict[ID, Peer] = {}
+        self.outbox = Outbox(self._publish)
+        self._forwarders: OrderedDict[bytes, ID] = OrderedDict()
+        self._gossip_send, self._gossip_receive = trio.open_memory_channel[tuple[ID, bytes]](GOSSIP_QUEUE)
+        self._events_send, self._events_receive = trio.open_memory_channel[PeerEvent](EVENT_QUEUE)
+        self._released_send, self._released_receive = trio.open_memory_channel[Orphan](math.inf)
+        self._notifee = PeerEvents(self._events_send)
+        self.host.get_network().register_notifee(self._notifee)
+        self._deliveries = trio.Semaphore(DELIVERIES)  # acquired by the receiver, released by the delivery
+        self._syncs = trio.CapacityLimiter(SYNCS)
+        self._nursery: trio.Nursery | None = None
+        serve(self.host, ledger.view, ledger.read, self._served)
+
+    # --- running -----------------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED) -> None:
+        async with run_host(self.host, self.pubsub, self.listen):
+            subscription = await self.pubsub.subscribe(self.topic)
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(gossip.drain, subscription, self._gossip_send, self._count_dropped)
+                nursery.start_soon(self._receive_gossip)
+                nursery.start_soon(self.outbox.run)
+                nursery.start_soon(self._watch_peers)
+                nursery.start_soon(self._deliver_released)
+                nursery.start_soon(self._ping_peers)
+                nursery.start_soon(self._sweep_orphans)
+                for addr in self.bootstrap:
+                    nursery.start_soon(self._keep_connected, addr)
+                self.addrs = full_addrs(self.host)
+                task_status.started(self.addrs)
+                await self.stop.wait()
+                nursery.cancel_scope.cancel()
+
+    def peer(self, peer_id: ID) -> Peer:
+        if peer_id not in self.peers:
+            self.peers[peer_id] = Peer(peer_id)
+        return self.peers[peer_id]
+
+    def connected(self) -> list[Peer]:
+        return [self.peer(peer_id) for peer_id in self.host.get_connected_peers()]
+
+    # --- the node's side ------------------------------------------------------------------------------
+
+    def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:
+        """After an ingest batch: gossip the new operations made here (RPC, local), release orphans whose
+        dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
+        stored = []
+        for receipt, op in zip(receipts, data, strict=True):
+            if receipt.cid is None or receipt.verdict is Verdict.REJECTED:
+                continue
+            stored.append(receipt.cid.raw)
+            if receipt.verdict is Verdict.ACCEPTED and receipt.source.kind in ("rpc", "local"):
+                self.outbox.put(op)
+        for orphan in self.orphans.release(stored):
+            self._released_send.send_nowait(orphan)
+
+    async def connect(self, addr: str) -> ID:
+        peer_id = await connect(self.host, addr, DIAL_TIMEOUT)
+        self.peer(peer_id).addrs = [addr]
+        return peer_id
+
+    async def disconnect(self, peer_id: ID) -> None:
+        await self.host.disconnect(peer_id)
+
+    def sync_status(self) -> dict[str, Any]:
+        """In sync when every connected peer's log, as far as we know of it, has been read."""
+        peers = [p for p in self.connected() if p.node]
+        behind = sum(max(0, p.head_size - p.read_position) for p in peers)
+        return {
+            "state": "in sync" if behind == 0 else "catching up",
+            "behind": behind,
+            "read": sum(p.read_position for p in peers),
+            "known": sum(p.head_size for p in peers),
+            "peers": len(self.host.get_connected_peers()),
+            "orphans": len(self.orphans),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "peer_id": str(self.id),
+            "addrs": self.addrs,
+            "topic": self.topic,
+            "sync": self.sync_status(),
+            "counters": vars(self.counters),
+            "orphans": {"waiting": len(self.orphans), "evicted": self.orphans.evicted, "expired": self.orphans.expired},
+        }
+
+    # --- gossip ----------------------------------------------------------------------------------
+
+    async def _publish(self, ops: list[bytes]) -> None:
+        view = self.ledger.view()
+        batch = GossipBatch(tuple(ops), self.ledger.node_did, view.log_size)
+        await gossip.publish(self.pubsub, self.topic, batch.encode())
+        self.counters.gossip_sent += 1
+        self.counters.operations_gossiped += len(ops)
+
+    async def _check_gossip(self, forwarder: ID, data: bytes) -> bool:
+        """The stateless front of ingest, before a message is accepted or forwarded: the batch's shape, then every
+        operation not already stored (codec, schema, text rules, signature), on a reader thread."""
+        if forwarder == self.id:
+            return True
+        peer = self.peer(forwarder)
+        if peer.banned:
+            return False
+        try:
+            batch = GossipBatch.decode(data)
+        except GossipError as exc:
+            await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"invalid gossip ({exc})")
+            self.counters.gossip_rejected += 1
+            return False
+        view = self.ledger.view()
+        new = [op for op in batch.ops if not view.has(CID.for_block(op))]
+        error = await self.ledger.read(_first_error, new, self.ledger.params) if new else None
+        if error is not None:
+            await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"gossip with an invalid operation ({error})")
+            self.counters.gossip_rejected += 1
+            return False
+        self._forwarders[_digest(data)] = forwarder
+        while len(self._forwarders) > FORWARDERS:
+            self._forwarders.popitem(last=False)
+        return True
+
+    def _count_dropped(self) -> None:
+        self.counters.gossip_dropped += 1
+
+    async def _receive_gossip(self) -> None:
+        async with trio.open_nursery() as nursery:
+            async for origin, data in self._gossip_receive:
+                if origin == self.id:
+                    continue
+                self.counters.gossip_received += 1
+                await self._deliveries.acquire()
+                nursery.start_soon(self._deliver_gossip, origin, data)
+
+    async def _deliver_gossip(self, origin: ID, data: bytes) -> None:
+        try:
+            batch = GossipBatch.decode(data)  # the validator accepted it
+            forwarder = self._forwarders.get(_digest(data))
+            peer = self.peers.get(forwarder) if forwarder is not None else None
+            if peer is not None:
+                peer.gossip_messages += 1
+            for candidate in self.connected():  # its sender's log grew: read it soon
+                if candidate.node == batch.node and batch.size > candidate.read_position:
+                    candidate.head_size = max(candidate.head_size, batch.size)
+                    candidate.wanted.set()
+            rejected = await self._deliver(list(batch.ops), Source("gossip", str(origin)), peer, wait=False)
+            if rejected and peer is not None:
+                await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"gossip with {rejected} operations ingest rejected")
+        except Exception:  # one message must not end the node: log it, drop it (sync delivers it again)
+            log.exception("delivering a gossip message from %s failed", origin)
+        finally:
+            self._deliveries.release()
+
+    # --- delivery into the ledger -------------------------------------------------------------------
+
+    async def _deliver(self, ops: list[bytes], source: Source, peer: Peer | None, *, wait: bool) -> int:
+        """Hand `ops` to the ingest queue, keeping back (as orphans) those whose dependencies are not stored;
+        returns how many the ledger rejected."""
+        view = self.ledger.view()
+        ready: list[bytes] = []
+        present: set[bytes] = set()
+        for data in ops:
+            cid = CID.for_block(data)
+            if cid.raw in present or cid.raw in self.orphans or view.has(cid):
+                continue
+            try:
+                op = decode_block(data).op
+            except LedgerError:
+                ready.append(data)  # the ledger rejects it with the precise error, and the sender is blamed
+                continue
+            missing = {d.raw for d in op.dependencies if d.raw not in present and not view.has(d)}
+            if missing:
+                self.orphans.add(Orphan(cid.raw, data, missing, op.author, source.name, source.kind, time.monotonic()))
+                continue
+            ready.append(data)
+            present.add(cid.raw)
+        if not ready:
+            return 0
+        receipts = await self.ledger.ingest(ready, source, wait=wait)
+        if receipts is None:
+            self.counters.gossip_dropped += 1
+            return 0
+        accepted = sum(1 for r in receipts if r.verdict is Verdict.ACCEPTED)
+        if peer is not None:
+            peer.ops_received += accepted
+        return sum(1 for r in receipts if r.verdict is Verdict.REJECTED)
+
+    async def _deliver_released(self) -> None:
+        async for orphan in self._released_receive:
+            try:
+                await self._deliver([orphan.data], Source(orphan.source, orphan.peer), None, wait=True)
+            except Exception:  # an orphan lost here comes again through sync
+                log.exception("delivering an operation whose dependencies arrived failed")
+
+    async def _sweep_orphans(self) -> None:
+        while True:
+            await trio.sleep(ORPHAN_SWEEP)
+            if expired := self.orphans.expire():
+                log.info("dropped %d operations whose dependencies did not arrive in time", expired)
+
+    # --- sync ----------------------------------------------------------------------------------------
+
+    def _served(self, peer: ID, outcome: str) -> None:
+        self.counters.sync_served += 1
+        if outcome.startswith("sync.request"):
+            peer_record = self.peer(peer)
+            if peer_record.penalise(PENALTY_MISBEHAVIOUR, f"a malformed sync request ({outcome})") and self._nursery:
+                self._nursery.start_soon(self.ban, peer_record, BAN_SECONDS, "malformed sync requests")
+
+    async def _sync_loop(self, peer: Peer) -> None:
+        while True:
+            with trio.move_on_after(SYNC_INTERVAL):
+                await peer.wanted.wait()
+            if (backoff := peer.next_sync - time.monotonic()) > 0:
+                await trio.sleep(backoff)
+            peer.wanted = trio.Event()
+            async with self._syncs:
+                try:
+                    await self.sync_with(peer)
+                except Exception:  # a bug in one exchange must not end the node; the next round retries
+                    log.exception("sync with %s failed", peer.id)
+                    peer.sync_failed("sync.internal")
+
+    async def sync_with(self, peer: Peer) -> None:
+        """Read the peer's log to its current head, then fetch what orphans from it still miss."""
+        peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
+        source = Source("sync", str(peer.id))
+
+        async def deliver(ops: list[bytes]) -> int:
+            return await self._deliver(ops, source, peer, wait=True)
+
+        started = time.monotonic()
+        try:
+            read = await read_log(self.host, peer.id, self.states, deliver, peer)
+            self.counters.sync_entries += read
+            if read:
+                log.info(
+                    "read %d operations of %s's log from %s in %.1f s",
+                    read,
+                    peer.node,
+                    peer.id,
+                    time.monotonic() - started,
+                )
+            missing = self.orphans.missing_from(str(peer.id))
+            if missing:
+                found = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
+                await deliver(found)
+            peer.sync_state, peer.sync_failures, peer.last_sync = "in sync", 0, time.time()
+        except ForkDetected as fork:
+            self.counters.forks += 1
+            where = self.states.record_fork(fork) if "earlier" in fork.evidence else None
+            log.error("peer %s: %s; evidence in %s; refusing it", peer.id, fork.message, where)
+            peer.sync_failed(fork.code)
+            await self.ban(peer, math.inf, "it serves a forked log")
+        except Misbehaviour as exc:
+            peer.sync_failed(exc.code)
+            await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
+        except (SyncError, LedgerError) as exc:
+            log.info("sync with %s failed: %s", peer.id, exc)
+            peer.sync_failed(exc.code)
+        finally:
+            peer.in_flight -= 1
+
+    # --- peers -----------------------------------------------------------------------------------------
+
+    async def _penalise(self, peer: Peer, points: float, why: str) -> None:
+        if peer.penalise(points, why):
+            await self.ban(peer, BAN_SECONDS, why)
+
+    async def ban(self, peer: Peer, seconds: float, why: str) -> None:
+        """Disconnect `peer` and refuse it for `seconds`: its gossip is ignored, its connections closed."""
+        peer.banned_until = time.monotonic() + seconds
+        log.warning("banning peer %s for %s: %s", peer.id, "ever" if math.isinf(seconds) else f"{seconds:.0f} s", why)
+        self.pubsub.add_to_blacklist(peer.id)
+        self.host.get_peerstore().clear_addrs(peer.id)
+        await self.host.disconnect(peer.id)
+
+    async def _watch_peers(self) -> None:
+        assert self._nursery is not None
+        async for event in self._events_receive:
+            peer = self.peer(event.peer)
+            if event.kind == "connected":
+                if peer.banned:
+                    await self.host.disconnect(peer.id)
+                    continue
+                self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
+                if peer.scope is None:
+                    peer.connected_since = time.time()
+                    peer.wanted.set()
+                    self._nursery.start_soon(self._run_peer, peer)
+            elif peer.id not in self.host.get_connected_peers():
+                peer.connected_since = None
+                if peer.scope is not None:
+                    peer.scope.cancel()
+
+    async def _run_peer(self, peer: Peer) -> None:
+        with trio.CancelScope() as peer.scope:
+            try:
+                await self._sync_loop(peer)
+            finally:
+                peer.scope = None
+
+    async def _keep_connected(self, addr: str) -> None:
+        """Dial a bootstrap peer whenever it is not connected, backing off while it is unreachable."""
+        peer_id, _ = parse_peer_addr(addr)
+        if peer_id == self.id:
+            return
+        self.peer(peer_id).addrs = [addr]
+        backoff = 1.0
+        while True:
+            peer = self.peer(peer_id)
+            if peer_id in self.host.get_connected_peers() or peer.banned:
+                await trio.sleep(1.0)
+                continue
+            try:
+                await connect(self.host, addr, DIAL_TIMEOUT)
+                backoff = 1.0
+            except Exception as exc:  # libp2p raises many types for a failed dial; each means retry
+                log.info("cannot reach bootstrap peer %s (%s); retrying in %.0f s", addr, exc, backoff)
+                await trio.sleep(backoff)
+                backoff = min(REDIAL_MAX, backoff * 2)
+
+    async def _ping_peers(self) -> None:
+        """A frozen or cut-off peer stays "connected" for libp2p; one that does not answer a ping is dropped."""
+
+        async def check(peer_id: ID) -> None:
+            try:
+                await ping(self.host, peer_id, PING_TIMEOUT)
+            except trio.TooSlowError:
+                log.info("peer %s did not answer a ping within %.0f s: disconnecting", peer_id, PING_TIMEOUT)
+                await self.host.disconnect(peer_id)
+            except Exception as exc:  # the connection is going away; the next round sees it
+                log.debug("ping to %s failed: %s", peer_id, exc)
+
+        while True:
+            await trio.sleep(PING_INTERVAL)
+            async with trio.open_nursery() as nursery:
+                for peer_id in self.host.get_connected_peers():
+                    nursery.start_soon(check, peer_id)
+
+
+def _first_error(ops: list[bytes], params: NetworkParams) -> str | None:
+    for op in ops:
+        _, errors = examine(op, params)
+        if errors:
+            return str(errors[0])
+    return None
+
+
+def _digest(data: bytes) -> bytes:
+    return CID.for_block(data).raw
