@@ -392,13 +392,22 @@ async def read_head(host: IHost, peer: ID) -> TreeHead:
 
 async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> bool:
     """Is `head` consistent with the last head of its node we verified? True when it is newer (read on), False
-    when it adds nothing; raises ForkDetected when no append-only log has both."""
+    when it adds nothing (the same, or an older head replayed); raises ForkDetected when no append-only log has
+    both: a consistency proof that fails, or a smaller head signed later than a larger one."""
     old = state.head
     if old is None or old.size == 0:
         return head.size > 0
     if (old.size, old.root) == (head.size, head.root):
         return False
-    first, second = (old, head) if old.size <= head.size else (head, old)
+    evidence = {"node": head.node, "peer": str(peer), "earlier": old.to_bytes(), "later": head.to_bytes()}
+    if head.size < old.size:
+        if head.timestamp > old.timestamp:  # logs never shrink: signed after the larger one, it is a rollback
+            raise ForkDetected(
+                f"{head.node} signed a head of size {head.size} after one of size {old.size}",
+                {**evidence, "proof": [], "detected": int(time.time() * 1000)},
+            )
+        return False  # an older head, replayed: nothing new
+    first, second = old, head
     proof: list[bytes] = []
     if first.size != second.size:
         frames = await ask(host, peer, {"get": "consistency", "old": first.size, "new": second.size}, 1)
@@ -408,14 +417,7 @@ async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> 
     if not verify_consistency(first.size, second.size, first.root, second.root, proof):
         raise ForkDetected(
             f"{head.node} signed heads of sizes {old.size} and {head.size} that no single log has",
-            {
-                "node": head.node,
-                "peer": str(peer),
-                "earlier": old.to_bytes(),
-                "later": head.to_bytes(),
-                "proof": proof,
-                "detected": int(time.time() * 1000),
-            },
+            {**evidence, "proof": proof, "detected": int(time.time() * 1000)},
         )
     return head.size > old.size
 
