@@ -1,0 +1,550 @@
+"""The p2p layer's pure parts, in process: the Merkle frontier a reader keeps per log, the orphan pool's bounds,
+the decoding of gossip messages and sync requests (stable codes for anything a peer can send), and the outbox
+that batches operations into gossip messages."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+import cbor2
+import pytest
+import trio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from trio.testing import MockClock
+
+from ledger import codec
+from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
+from ledger.store import Store
+from p2p import gossip, orphans
+from p2p.gossip import GossipBatch, GossipError, Outbox
+from p2p.orphans import Orphan, OrphanPool
+from p2p.sync import MAX_BLOCKS, SyncError, _request
+from tests import factories as f
+
+# --- the Merkle frontier ------------------------------------------------------------------------------
+
+LEAVES = 1100  # past 1024, so sizes on both sides of a power of two are covered
+
+
+def entry(i: int) -> bytes:
+    return hashlib.sha256(i.to_bytes(4, "big")).digest()
+
+
+def mth(hashes: list[bytes]) -> bytes:
+    """RFC 9162 §2.1.1 straight from its recursive definition, over leaf hashes."""
+    if not hashes:
+        return hashlib.sha256(b"").digest()
+    if len(hashes) == 1:
+        return hashes[0]
+    k = 1
+    while k * 2 < len(hashes):
+        k *= 2
+    return hashlib.sha256(b"\x01" + mth(hashes[:k]) + mth(hashes[k:])).digest()
+
+
+@pytest.fixture(scope="module")
+def stored_log(tmp_path_factory):
+    """The same leaves written by the ledger's own log appender (stored inner nodes)."""
+    store = Store(tmp_path_factory.mktemp("frontier") / "db", create=True)
+    txn = store.transaction()
+    appender = LogAppender(txn, 0)
+    for i in range(LEAVES):
+        appender.append(entry(i))
+    txn.commit()
+    yield MerkleLog(store.snapshot(), LEAVES)
+    store.close()
+
+
+LEAF_HASHES = [leaf_hash(entry(i)) for i in range(LEAVES)]
+
+
+def test_a_frontier_has_the_stored_logs_root_at_every_size(stored_log):
+    frontier = Frontier()
+    assert frontier.root() == stored_log.root(0) == mth([])
+    for size in range(1, LEAVES + 1):
+        frontier.append(LEAF_HASHES[size - 1])
+        assert frontier.size == size
+        assert frontier.root() == stored_log.root(size), size
+    assert root_of_leaf_hashes(LEAF_HASHES) == stored_log.root()
+    for size in (1, 2, 3, 5, 7, 8, 9, 63, 64, 65, 100):
+        assert root_of_leaf_hashes(LEAF_HASHES[:size]) == mth(LEAF_HASHES[:size]), size
+
+
+def test_a_frontiers_subtrees_are_the_perfect_subtrees_of_its_size():
+    """The compact range of size n: one perfect subtree per set bit of n, largest (leftmost) first."""
+    for size in (0, 1, 2, 3, 6, 7, 8, 13, 64, 100, 1023):
+        frontier = Frontier()
+        for leaf in LEAF_HASHES[:size]:
+            frontier.append(leaf)
+        expected, start = [], 0
+        for bit in range(size.bit_length() - 1, -1, -1):
+            if size >> bit & 1:
+                expected.append(mth(LEAF_HASHES[start : start + (1 << bit)]))
+                start += 1 << bit
+        assert frontier.subtrees == expected, size
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_a_frontier_restored_from_its_size_and_subtrees_goes_on_like_the_original(stored_log, data):
+    size = data.draw(st.integers(0, LEAVES), label="size")
+    cut = data.draw(st.integers(0, size), label="restored at")
+    original = Frontier()
+    for leaf in LEAF_HASHES[:cut]:
+        original.append(leaf)
+    restored = Frontier(cut, list(original.subtrees))  # as LogState.decode does from a saved position
+    assert restored.root() == original.root() == stored_log.root(cut)
+    copy = restored.copy()
+    step = data.draw(st.integers(1, 97), label="check every")
+    for position in range(cut, size):
+        restored.append(LEAF_HASHES[position])
+        if (position + 1 - cut) % step == 0 or position + 1 == size:
+            assert restored.root() == stored_log.root(position + 1), position + 1
+    assert restored.size == size
+    assert copy.size == cut and copy.root() == stored_log.root(cut)  # a copy does not share the original's stack
+
+
+@pytest.mark.parametrize(("size", "count"), [(0, 1), (1, 0), (3, 1), (3, 3), (8, 2), (1024, 0)])
+def test_a_frontier_with_the_wrong_number_of_subtrees_is_refused(size, count):
+    with pytest.raises(ProofError) as caught:
+        Frontier(size, [b"\x00" * 32] * count)
+    assert caught.value.code == "proof.frontier"
+
+
+# --- the orphan pool ----------------------------------------------------------------------------------
+
+CAPS = {"MAX_PER_PEER": 3, "MAX_PER_AUTHOR": 4, "MAX_TOTAL": 6}
+
+
+@pytest.fixture
+def small_caps(monkeypatch):
+    for name, value in CAPS.items():
+        monkeypatch.setattr(orphans, name, value)
+
+
+def orphan(number: int, peer: str = "p", author: str = "a", missing: tuple[int, ...] = (0,), at: float = 0.0):
+    return Orphan(
+        cid=b"c%d" % number,
+        data=b"op %d" % number,
+        missing={b"d%d" % d for d in missing},
+        author=author,
+        peer=peer,
+        source="gossip",
+        arrived=at or float(number),
+    )
+
+
+def cids(pool: OrphanPool) -> list[bytes]:
+    return [cid for cid in (b"c%d" % n for n in range(100)) if cid in pool]
+
+
+def test_a_full_peer_share_evicts_that_peers_oldest(small_caps):
+    pool = OrphanPool()
+    pool.add(orphan(1, peer="p", missing=(1,)))
+    pool.add(orphan(2, peer="q"))
+    pool.add(orphan(3, peer="p"))
+    pool.add(orphan(4, peer="p"))
+    pool.add(orphan(5, peer="p"))  # p holds 3 already: its oldest (1) goes, q's older one stays
+    assert cids(pool) == [b"c2", b"c3", b"c4", b"c5"]
+    assert pool.evicted == 1
+    assert pool.missing_from("p") == [b"d0"]  # nothing waits for d1 any more
+
+
+def test_a_full_author_share_evicts_that_authors_oldest(small_caps):
+    pool = OrphanPool()
+    for number, peer in zip(range(1, 6), "pqrst", strict=True):
+        pool.add(orphan(number, peer=peer, author="a" if number != 2 else "b"))
+    pool.add(orphan(6, peer="u", author="a"))  # a has 4 (1, 3, 4, 5): 1 goes
+    assert cids(pool) == [b"c2", b"c3", b"c4", b"c5", b"c6"]
+    assert pool.evicted == 1
+
+
+def test_a_full_pool_evicts_its_oldest(small_caps):
+    pool = OrphanPool()
+    for number in range(1, 8):
+        pool.add(orphan(number, peer=f"p{number}", author=f"a{number}"))
+    assert len(pool) == 6 and cids(pool) == [b"c%d" % n for n in range(2, 8)]
+    assert pool.evicted == 1
+
+
+def test_an_orphan_already_waiting_is_not_added_twice(small_caps):
+    pool = OrphanPool()
+    pool.add(orphan(1, missing=(1,)))
+    pool.add(orphan(1, peer="other", missing=(2,)))
+    assert len(pool) == 1 and pool.missing_from("p") == [b"d1"] and pool.missing_from("other") == []
+
+
+def test_release_waits_for_every_dependency_and_keeps_arrival_order():
+    pool = OrphanPool()
+    pool.add(orphan(1, missing=(1, 2), at=5.0))
+    pool.add(orphan(2, missing=(2,), at=3.0))
+    pool.add(orphan(3, missing=(3,), at=4.0))
+    assert pool.release([b"d1"]) == []
+    assert pool.missing_from("p") == [b"d2", b"d3"]
+    released = pool.release([b"d3", b"d2", b"d9"])
+    assert [o.cid for o in released] == [b"c2", b"c3", b"c1"]  # by arrival, not by the order of `stored`
+    assert len(pool) == 0 and pool.missing_from("p") == []
+    assert pool.release([b"d1", b"d2"]) == []
+
+
+def test_orphans_older_than_the_ttl_expire():
+    pool = OrphanPool()
+    for number in range(1, 5):
+        pool.add(orphan(number, at=100.0 * number))
+    assert pool.expire(now=orphans.TTL + 250.0) == 2  # arrived at 100 and 200: older than now - TTL (250)
+    assert cids(pool) == [b"c3", b"c4"] and pool.expired == 2
+    assert pool.expire(now=orphans.TTL + 250.0) == 0
+    assert pool.release([b"d0"]) and len(pool) == 0
+
+
+@dataclass
+class Model:
+    """The pool's documented behaviour, written plainly: a list in arrival order."""
+
+    waiting: list[Orphan] = field(default_factory=list)
+
+    def add(self, new: Orphan) -> None:
+        if any(o.cid == new.cid for o in self.waiting):
+            return
+        for matches, cap in (
+            (lambda o: o.peer == new.peer, CAPS["MAX_PER_PEER"]),
+            (lambda o: o.author == new.author, CAPS["MAX_PER_AUTHOR"]),
+            (lambda o: True, CAPS["MAX_TOTAL"]),
+        ):
+            share = [o for o in self.waiting if matches(o)]
+            if len(share) >= cap:
+                self.waiting.remove(share[0])
+        self.waiting.append(new)
+
+    def release(self, stored: list[bytes]) -> list[bytes]:
+        ready = [o for o in self.waiting if o.missing <= set(stored)]
+        self.waiting = [o for o in self.waiting if o not in ready]
+        for o in self.waiting:
+            o.missing -= set(stored)
+        return [o.cid for o in ready]
+
+    def expire(self, now: float) -> None:
+        self.waiting = [o for o in self.waiting if o.arrived >= now - orphans.TTL]
+
+
+def check_consistent(pool: OrphanPool, model: Model) -> None:
+    """Caps hold; the pool holds what the model holds; every index describes exactly the orphans held."""
+    held = list(pool._orphans.values())
+    assert [o.cid for o in held] == [o.cid for o in model.waiting]
+    assert [o.missing for o in held] == [o.missing for o in model.waiting]
+    assert len(held) <= CAPS["MAX_TOTAL"]
+    for index, key, cap in ((pool._by_peer, "peer", "MAX_PER_PEER"), (pool._by_author, "author", "MAX_PER_AUTHOR")):
+        expected: dict[str, list[bytes]] = {}
+        for o in held:
+            expected.setdefault(getattr(o, key), []).append(o.cid)
+        assert {k: list(v) for k, v in index.items()} == expected, key  # oldest first, no empty entries
+        assert all(len(v) <= CAPS[cap] for v in expected.values())
+    waiting: dict[bytes, set[bytes]] = {}
+    for o in held:
+        for dependency in o.missing:
+            waiting.setdefault(dependency, set()).add(o.cid)
+    assert dict(pool._waiting) == waiting
+    for peer in {o.peer for o in held} | {"nobody"}:
+        assert pool.missing_from(peer) == sorted({d for o in held if o.peer == peer for d in o.missing})
+
+
+actions = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("add"),
+            st.integers(0, 14),  # cid: some come back after eviction or release
+            st.sampled_from("pqr"),
+            st.sampled_from("abc"),
+            st.sets(st.integers(0, 5), min_size=1, max_size=3),
+        ),
+        st.tuples(st.just("release"), st.lists(st.integers(0, 6), max_size=3)),
+        st.tuples(st.just("expire"), st.integers(0, 40)),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(actions=actions)
+def test_the_pool_stays_within_its_caps_and_its_indexes_agree(actions):
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in CAPS.items():
+            patch.setattr(orphans, name, value)
+        pool, model, clock = OrphanPool(), Model(), 0.0
+        for action in actions:
+            clock += 1.0
+            if action[0] == "add":
+                _, number, peer, author, missing = action
+                for target in (pool, model):
+                    target.add(orphan(number, peer, author, tuple(missing), at=clock))  # one object each
+            elif action[0] == "release":
+                stored = [b"d%d" % d for d in action[1]]
+                released = pool.release(stored)
+                assert [o.cid for o in released] == model.release(stored)
+                assert all(not o.missing for o in released)
+                assert [o.arrived for o in released] == sorted(o.arrived for o in released)
+            else:
+                now = clock - orphans.TTL + action[1] * 0.5  # somewhere among the recent arrivals
+                pool.expire(now=now)
+                model.expire(now)
+            check_consistent(pool, model)
+
+
+# --- gossip messages ----------------------------------------------------------------------------------
+
+NODE = f.author(1).did
+OP = f.add().data
+
+
+def _gossip_code(data: bytes) -> str:
+    with pytest.raises(GossipError) as caught:
+        GossipBatch.decode(data)
+    return caught.value.code
+
+
+def test_a_batch_round_trips():
+    batch = GossipBatch((OP, f.add(f.SEED_TEXTS[1]).data), NODE, 7)
+    assert GossipBatch.decode(batch.encode()) == batch
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=300))
+def test_garbage_is_refused_with_a_stable_code(data):
+    try:
+        GossipBatch.decode(data)
+    except GossipError as exc:
+        assert exc.code in {"gossip.codec", "gossip.schema", "gossip.ops", "gossip.node", "gossip.size"}
+    else:
+        pytest.fail("garbage decoded as a batch")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    value=st.recursive(
+        st.none() | st.booleans() | st.integers(-(2**64), 2**64 - 1) | st.text(max_size=10) | st.binary(max_size=10),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+        max_leaves=12,
+    )
+)
+def test_any_canonical_value_that_is_not_a_batch_is_refused_with_a_stable_code(value):
+    try:
+        data = codec.encode(value)
+    except codec.EncodeError:
+        return
+    assert _gossip_code(data) in {"gossip.schema", "gossip.ops", "gossip.node", "gossip.size"}
+
+
+def _cbor_in_order(keys: list[str], values: dict) -> bytes:
+    """A map written in the given key order (cbor2 keeps insertion order unless asked to sort)."""
+    return cbor2.dumps({key: values[key] for key in keys})
+
+
+def test_non_canonical_cbor_is_refused():
+    fields = {"ops": [OP], "node": NODE, "size": 5}
+    canonical = GossipBatch((OP,), NODE, 5).encode()
+    assert _cbor_in_order(["ops", "node", "size"], fields) == canonical  # the DAG-CBOR order
+    unsorted = _cbor_in_order(["size", "node", "ops"], fields)
+    long_size = canonical[:-1] + b"\x1a\x00\x00\x00\x05"  # 5 as a 4-byte integer
+    assert canonical.endswith(b"\x05")
+    indefinite = b"\xbf" + canonical[1:] + b"\xff"  # an indefinite-length map
+    trailing = canonical + b"\x00"
+    duplicate = b"\xa4" + canonical[1:] + b"\x64size\x05"
+    for data in (unsorted, long_size, indefinite, trailing, duplicate):
+        assert _gossip_code(data) == "gossip.codec", data.hex()
+
+
+@pytest.mark.parametrize(
+    ("record", "code"),
+    [
+        ([[OP], NODE, 5], "gossip.schema"),
+        ({"ops": [OP], "node": NODE}, "gossip.schema"),
+        ({"ops": [OP], "node": NODE, "size": 5, "more": 1}, "gossip.schema"),
+        ({"ops": [], "node": NODE, "size": 5}, "gossip.ops"),
+        ({"ops": OP, "node": NODE, "size": 5}, "gossip.ops"),
+        ({"ops": [OP, "text"], "node": NODE, "size": 5}, "gossip.ops"),
+        ({"ops": [OP] * (gossip.MAX_BATCH_OPS + 1), "node": NODE, "size": 5}, "gossip.ops"),
+        ({"ops": [OP], "node": "12D3KooWPeer", "size": 5}, "gossip.node"),
+        ({"ops": [OP], "node": b"did:key:z6Mk", "size": 5}, "gossip.node"),
+        ({"ops": [OP], "node": "did:key:" + "z" * 200, "size": 5}, "gossip.node"),
+        ({"ops": [OP], "node": NODE, "size": -1}, "gossip.size"),
+        ({"ops": [OP], "node": NODE, "size": 2**63}, "gossip.size"),
+        ({"ops": [OP], "node": NODE, "size": True}, "gossip.size"),
+        ({"ops": [OP], "node": NODE, "size": 5.0}, "gossip.size"),
+    ],
+)
+def test_wrong_shapes_are_refused_naming_the_field(record, code):
+    assert _gossip_code(codec.encode(record)) == code
+
+
+def test_topics_separate_networks():
+    assert gossip.topic_for("devnet") != gossip.topic_for("testnet")
+    assert gossip.topic_for("devnet") == gossip.topic_for("devnet")
+
+
+# --- sync requests --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"get": "head"},
+        {"get": "consistency", "old": 1, "new": 2},
+        {"get": "entries", "from": 0, "to": 10, "size": 10},
+        {"get": "blocks", "cids": [f.add().cid.raw]},
+        {"get": "blocks", "cids": [b"x"] * MAX_BLOCKS},
+    ],
+)
+def test_well_formed_requests_are_read(request_):
+    assert _request(codec.encode(request_)) == request_
+
+
+BAD_REQUESTS = [
+    b"",
+    b"\xff\x00garbage",
+    cbor2.dumps({"get": "head", "x": 1})[:-1],  # truncated
+    cbor2.dumps({"get": "entries", "to": 2, "from": 1, "size": 3}),  # keys out of DAG-CBOR order
+    codec.encode(["head"]),
+    codec.encode("head"),
+    codec.encode({}),
+    codec.encode({"get": 1}),
+    codec.encode({"get": b"head"}),
+    codec.encode({"get": "tail"}),
+    codec.encode({"get": "head", "extra": 0}),
+    codec.encode({"get": "consistency", "old": 1}),
+    codec.encode({"get": "consistency", "old": -1, "new": 2}),
+    codec.encode({"get": "consistency", "old": 1, "new": 2.0}),
+    codec.encode({"get": "consistency", "old": True, "new": 2}),
+    codec.encode({"get": "entries", "from": 0, "to": "10", "size": 10}),
+    codec.encode({"get": "entries", "from": 0, "to": 10, "size": None}),
+    codec.encode({"get": "blocks", "cids": []}),
+    codec.encode({"get": "blocks", "cids": b"cid"}),
+    codec.encode({"get": "blocks", "cids": ["text"]}),
+    codec.encode({"get": "blocks", "cids": [b"x"] * (MAX_BLOCKS + 1)}),
+    codec.encode({"get": "blocks", "cids": [b"x"], "more": [b"y"]}),
+]
+
+
+@pytest.mark.parametrize("data", BAD_REQUESTS, ids=range(len(BAD_REQUESTS)))
+def test_bad_requests_are_refused_with_one_code(data):
+    with pytest.raises(SyncError) as caught:
+        _request(data)
+    assert caught.value.code == "sync.request"
+    assert caught.value.message  # names what is wrong
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=200))
+def test_garbage_requests_raise_only_sync_errors(data):
+    try:
+        _request(data)
+    except SyncError as exc:
+        assert exc.code == "sync.request"
+
+
+# --- the outbox -----------------------------------------------------------------------------------
+
+
+def run_outbox(schedule: list[tuple[float | None, bytes]], send_time: float = 0.0) -> tuple[list, list[float]]:
+    """Put each op after its delay (virtual time; None: in the same step as the one before, as the node puts the
+    operations of one ingest batch); returns [(time sent, ops)] and each op's put time."""
+    sent: list[tuple[float, list[bytes]]] = []
+    put_at: list[float] = []
+
+    async def send(ops: list[bytes]) -> None:
+        sent.append((trio.current_time(), list(ops)))
+        await trio.sleep(send_time)
+
+    async def main() -> None:
+        outbox = Outbox(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(outbox.run)
+            for delay, op in schedule:
+                if delay is not None:
+                    await trio.sleep(delay)
+                outbox.put(op)
+                put_at.append(trio.current_time())
+            await trio.sleep(gossip.FLUSH_DELAY * 10 + send_time * (len(schedule) + 1))  # virtual time: no race
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=MockClock(autojump_threshold=0))
+    return sent, put_at
+
+
+def test_one_operation_waits_for_company_then_goes_alone():
+    sent, put_at = run_outbox([(0.0, b"op")])
+    assert sent == [(pytest.approx(put_at[0] + gossip.FLUSH_DELAY), [b"op"])]
+
+
+def test_operations_arriving_together_share_a_message():
+    ops = [b"op %d" % i for i in range(10)]
+    sent, _ = run_outbox([(0.001, op) for op in ops])
+    assert [batch for _, batch in sent] == [ops]
+
+
+def test_a_full_count_is_sent_at_once():
+    ops = [b"op %d" % i for i in range(2 * gossip.MAX_BATCH_OPS + 500)]
+    sent, _ = run_outbox([(None, op) for op in ops])
+    assert [len(batch) for _, batch in sent] == [gossip.MAX_BATCH_OPS, gossip.MAX_BATCH_OPS, 500]
+    assert {time for time, _ in sent} == {0.0}  # none waited for the delay
+    assert [op for _, batch in sent for op in batch] == ops
+
+
+def test_a_full_size_is_sent_at_once_and_every_message_fits():
+    big = [bytes([i]) * (100 * 1024) for i in range(10)]
+    sent, _ = run_outbox([(None, op) for op in big])
+    assert [len(batch) for _, batch in sent] == [4, 4, 2]  # 5 x 100 KiB would pass the budget
+    assert {time for time, _ in sent} == {0.0}
+    for _, batch in sent:
+        assert len(GossipBatch(tuple(batch), NODE, 2**62).encode()) <= gossip.MAX_MESSAGE_BYTES
+
+
+def test_an_operation_too_large_for_any_message_is_left_to_sync():
+    huge = b"x" * (gossip.MESSAGE_BUDGET + 1)
+    sent, _ = run_outbox([(None, b"a"), (None, huge), (None, b"b")])
+    assert [batch for _, batch in sent] == [[b"a", b"b"]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    schedule=st.lists(
+        st.tuples(
+            st.sampled_from([None, None, 0.0, 0.001, 0.01, 0.029, 0.031, 0.1]),
+            st.integers(1, 450) | st.just(1001),  # 1001: over the (patched) budget
+        ),
+        max_size=40,
+    ),
+    send_time=st.sampled_from([0.0, 0.005, 0.05]),
+)
+def test_every_operation_goes_once_in_order_within_the_limits_and_the_delay(schedule, send_time):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gossip, "MAX_BATCH_OPS", 5)
+        patch.setattr(gossip, "MESSAGE_BUDGET", 1000)
+        rng = random.Random(len(schedule))
+        ops = [(delay, rng.randbytes(size)) for delay, size in schedule]
+        sent, put_at = run_outbox(ops, send_time)
+    kept = [(op, at) for (_, op), at in zip(ops, put_at, strict=True) if len(op) <= 1000]
+    assert [op for _, batch in sent for op in batch] == [op for op, _ in kept]
+    position = 0
+    for time, batch in sent:
+        assert 1 <= len(batch) <= 5 and sum(map(len, batch)) <= 1000
+        for _ in batch:
+            # an operation waits at most the delay, plus the sends queued before it
+            assert time <= kept[position][1] + gossip.FLUSH_DELAY + send_time * len(sent) + 1e-9
+            position += 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Outbox.run keeps sending while operations arrive during a send: each goes in a message of its own "
+    "at once instead of waiting FLUSH_DELAY for company, so a steady flow is sent in tiny messages",
+)
+def test_a_steady_flow_is_still_sent_in_batches():
+    """One operation a millisecond for 300 ms, each publish taking 5 ms: batches of about FLUSH_DELAY's worth,
+    so about 300 / 30 messages (each costs milliseconds of CPU on every node, whatever its size)."""
+    ops = [b"op %d" % i for i in range(300)]
+    sent, _ = run_outbox([(0.001, op) for op in ops], send_time=0.005)
+    assert [op for _, batch in sent for op in batch] == ops
+    assert len(sent) <= 300 * 0.001 / gossip.FLUSH_DELAY + 2, [len(batch) for _, batch in sent]
