@@ -165,14 +165,18 @@ class Outbox:
             with trio.move_on_after(FLUSH_DELAY):
                 await self._full.wait()
             self._arrived, self._full = trio.Event(), trio.Event()
-            while self._ops:
-                await self._send(self._take())
+            waiting = len(self._ops)  # what arrives during the sends waits for company in the next round
+            while waiting:
+                batch = self._take(waiting)
+                waiting -= len(batch)
+                await self._send(batch)
 
-    def _take(self) -> list[bytes]:
-        """The next message's operations (at least one: an operation is far smaller than a message)."""
+    def _take(self, most: int) -> list[bytes]:
+        """The next message's operations, at most `most` (at least one: an operation is far smaller than a
+        message)."""
         batch = [self._ops.popleft()]
         size = len(batch[0])
-        while self._ops and len(batch) < MAX_BATCH_OPS and size + len(self._ops[0]) <= MESSAGE_BUDGET:
+        while len(batch) < most and len(batch) < MAX_BATCH_OPS and size + len(self._ops[0]) <= MESSAGE_BUDGET:
             size += len(self._ops[0])
             batch.append(self._ops.popleft())
         self._bytes -= size

@@ -536,11 +536,6 @@ def test_every_operation_goes_once_in_order_within_the_limits_and_the_delay(sche
             position += 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Outbox.run keeps sending while operations arrive during a send: each goes in a message of its own "
-    "at once instead of waiting FLUSH_DELAY for company, so a steady flow is sent in tiny messages",
-)
 def test_a_steady_flow_is_still_sent_in_batches():
     """One operation a millisecond for 300 ms, each publish taking 5 ms: batches of about FLUSH_DELAY's worth,
     so about 300 / 30 messages (each costs milliseconds of CPU on every node, whatever its size)."""
