@@ -28,10 +28,11 @@ from ledger.records import Life, Outcome
 README = Path(__file__).resolve().parent.parent / "README.md"
 NOT_RUN = {"scripts/test.sh", "source .venv/bin/activate"}
 INIT = "expledger init"
+FREE_PORTS = "--rpc 127.0.0.1:0 --p2p /ip4/127.0.0.1/tcp/0"  # the defaults may be taken on a test machine
 
 
 def quickstart_script() -> str:
-    """The Quickstart's ```sh blocks, joined, without the lines in NOT_RUN and with the init line on a free port."""
+    """The Quickstart's ```sh blocks, joined, without the lines in NOT_RUN and with the init line on free ports."""
     section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
     lines = "".join(blocks).splitlines()
@@ -39,7 +40,7 @@ def quickstart_script() -> str:
     assert skipped == NOT_RUN, f"the Quickstart changed: expected the lines {sorted(NOT_RUN)}"
     inits = [line for line in lines if line.split("#")[0].strip() == INIT]
     assert len(inits) == 1, f"the Quickstart changed: expected one `{INIT}` line"
-    kept = [line.replace(INIT, f"{INIT} --rpc 127.0.0.1:0", 1) if line in inits else line for line in lines]
+    kept = [line.replace(INIT, f"{INIT} {FREE_PORTS}", 1) if line in inits else line for line in lines]
     return "\n".join(line for line in kept if line.strip() not in NOT_RUN) + "\n"
 
 
