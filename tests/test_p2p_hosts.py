@@ -480,16 +480,7 @@ def _fork_case(tmp_path: Path, history: list, kind: str) -> tuple[Ledger, Ledger
 FORKS = [
     "grown differently",
     "same size",
-    pytest.param(
-        "rolled back and diverged",
-        marks=pytest.mark.xfail(
-            strict=True,
-            reason="check_head asks the forked peer itself for a consistency proof from its new, smaller head to "
-            "the larger one it signed before; it cannot give one (its log is shorter), so the reader gets "
-            "Misbehaviour('sync.proof', 'consistency: expected one frame'), a mere penalty, instead of "
-            "ForkDetected, although the two signed heads (smaller size, later timestamp) prove the rollback",
-        ),
-    ),
+    "rolled back and diverged",
 ]
 
 
