@@ -345,7 +345,7 @@ class P2PNode:
 
     def _served(self, peer: ID, outcome: str) -> None:
         self.counters.sync_served += 1
-        if outcome.startswith("sync.request"):
+        if outcome.startswith("sync.request") and not self.peer(peer).banned:
             peer_record = self.peer(peer)
             if peer_record.penalise(PENALTY_MISBEHAVIOUR, f"a malformed sync request ({outcome})") and self._nursery:
                 self._nursery.start_soon(self.ban, peer_record, BAN_SECONDS, "malformed sync requests")
@@ -407,14 +407,22 @@ class P2PNode:
     # --- peers -----------------------------------------------------------------------------------------
 
     async def _penalise(self, peer: Peer, points: float, why: str) -> None:
+        if peer.banned:
+            return
         if peer.penalise(points, why):
             await self.ban(peer, BAN_SECONDS, why)
 
     async def ban(self, peer: Peer, seconds: float, why: str) -> None:
         """Disconnect `peer` and refuse it for `seconds`: its gossip is ignored, its connections closed."""
-        peer.banned_until = time.monotonic() + seconds
+        already = peer.banned
+        peer.banned_until = max(peer.banned_until, time.monotonic() + seconds)
+        if already:  # one ban at a time: a second disconnect would race the first
+            return
         log.warning("banning peer %s for %s: %s", peer.id, "ever" if math.isinf(seconds) else f"{seconds:.0f} s", why)
-        self.pubsub.add_to_blacklist(peer.id)
+        # not pubsub.add_to_blacklist: in 0.8.1 it starts a teardown task that `del`s the peer after an await, and
+        # a second teardown (or the disconnect's own clean-up) then raises KeyError in a Pubsub task, ending the node;
+        # the disconnect below clears pubsub's state for the peer itself
+        self.pubsub.blacklisted_peers.add(peer.id)
         self.host.get_peerstore().clear_addrs(peer.id)
         await self.host.disconnect(peer.id)
 

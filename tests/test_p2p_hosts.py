@@ -537,13 +537,6 @@ class LedgerPortOverLedger:
         return await trio.to_thread.run_sync(self.ledger.ingest, [Submission(op, source) for op in ops])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="P2PNode.ban is not idempotent and calls pubsub.add_to_blacklist, whose _teardown_if_connected task "
-    "(libp2p 0.8.1) awaits stream.reset() and then does `del self.peers[peer_id]`: two bans at once (two "
-    "penalties crossing BAN_SCORE together, seen in the hostile daemon test) make the second teardown raise "
-    "KeyError in a Pubsub service task, which ends the whole node",
-)
 def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
     node = P2PNode(
         key_pair(secrets.token_bytes(32)),
