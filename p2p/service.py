@@ -48,7 +48,7 @@ from p2p.peers import (
     PeerEvents,
     ping,
 )
-from p2p.sync import ForkDetected, LogStates, Misbehaviour, SyncError, fetch_blocks, read_log, serve
+from p2p.sync import MAX_BLOCKS, ForkDetected, LogStates, Misbehaviour, SyncError, fetch_blocks, read_log, serve
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at 
 PING_INTERVAL = 10.0
 PING_TIMEOUT = 5.0
 ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
+#: what a sync request can get wrong that no honest node does (a stream cut short or slow may be the network's fault)
+PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
 FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
 
 
@@ -345,7 +347,7 @@ class P2PNode:
 
     def _served(self, peer: ID, outcome: str) -> None:
         self.counters.sync_served += 1
-        if outcome.startswith("sync.request") and not self.peer(peer).banned:
+        if outcome.startswith(PENALISED_SYNC_ERRORS) and not self.peer(peer).banned:
             peer_record = self.peer(peer)
             if peer_record.penalise(PENALTY_MISBEHAVIOUR, f"a malformed sync request ({outcome})") and self._nursery:
                 self._nursery.start_soon(self.ban, peer_record, BAN_SECONDS, "malformed sync requests")
@@ -384,7 +386,9 @@ class P2PNode:
                     peer.id,
                     time.monotonic() - started,
                 )
-            missing = self.orphans.missing_from(str(peer.id))
+            # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
+            pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
+            missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
                 found = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
                 await deliver(found)

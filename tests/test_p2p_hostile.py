@@ -30,7 +30,7 @@ DEADLINE = 90.0  # seconds for any one condition; a bound against hangs, not a m
 ROOT = Path(__file__).resolve().parent.parent
 
 #: what costs the sender nothing: sent at once
-FREE = ["sync-oversized-prefix", "sync-over-limit", "sync-truncated", "gossip-duplicates", "gossip-orphans"]
+FREE = ["sync-truncated", "gossip-duplicates", "gossip-orphans"]  # a stream cut short may be the network's fault
 #: each costs 10 (gossip) or 20 (a malformed sync request) points, and 50 get a peer banned: each identity's round
 #: goes one step at a time (the next once A counted the last), then one more step that may no longer reach A.
 #: A third identity then sends every penalised step at once (penalties crossing the threshold together, which once
@@ -43,7 +43,8 @@ ROUND_1 = [
     "gossip-non-canonical-op",
     "gossip-oversized-op",
 ]
-ROUND_2 = ["sync-garbage", "sync-bad-cid", "sync-entries-past-log", "gossip-garbage"]  # the last: after the ban
+#: the last: after the ban
+ROUND_2 = ["sync-oversized-prefix", "sync-over-limit", "sync-garbage", "sync-bad-cid", "gossip-garbage"]
 
 
 class RogueProcess:
