@@ -3,7 +3,7 @@
 The ledger logs every operation it stores, and a log is append-only, so an operation stored while it waits
 for dependencies would occupy storage forever if they never come. Operations from peers therefore enter the
 ledger only once all their dependencies are stored; until then they wait here, in memory, bounded like
-Bitcoin Core's orphan pool (docs/PROTOCOL.md §8.4): at most MAX_PER_PEER from one peer, MAX_PER_AUTHOR by one
+Bitcoin Core's orphan pool (docs/PROTOCOL.md §10.4): at most MAX_PER_PEER from one peer, MAX_PER_AUTHOR by one
 author and MAX_TOTAL in all (a full share evicts that peer's or author's oldest, a full pool its oldest), and
 each for at most TTL seconds. Meanwhile their missing dependencies are fetched by CID from the peer that sent
 them. An evicted operation is not lost to the network: sync delivers it again from any log that holds it.
