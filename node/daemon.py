@@ -258,6 +258,7 @@ def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
         LogStates(home.p2p_dir),
     )
     node.committed.append(network.committed)
+    node.metrics.watch_network(lambda: (network.counter_values(), network.gauges()))
     return network
 
 

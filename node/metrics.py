@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -69,3 +73,20 @@ class NodeMetrics:
         label = method if method in self._known_methods else "unknown"
         self.rpc_calls.labels(label, outcome).inc()
         self.rpc_seconds.labels(label).observe(seconds)
+
+    def watch_network(self, read: Callable[[], tuple[Mapping[str, int], Mapping[str, float]]]) -> None:
+        """Expose the network's counters and gauges, read from it at each scrape (`read` returns both maps), as
+        expledger_p2p_<name>."""
+        self.registry.register(_NetworkCollector(read))
+
+
+class _NetworkCollector(Collector):
+    def __init__(self, read: Callable[[], tuple[Mapping[str, int], Mapping[str, float]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        counters, gauges = self._read()
+        for name, value in counters.items():
+            yield CounterMetricFamily(f"expledger_p2p_{name}", f"p2p: {name.replace('_', ' ')}", value=value)
+        for name, value in gauges.items():
+            yield GaugeMetricFamily(f"expledger_p2p_{name}", f"p2p: {name.replace('_', ' ')}", value=value)

@@ -220,6 +220,21 @@ class P2PNode:
             "orphans": len(self.orphans),
         }
 
+    def gauges(self) -> dict[str, float]:
+        """What a metrics scrape shows of the network now (the counters are `counters`)."""
+        sync = self.sync_status()
+        peers = list(self.peers.values())
+        return {
+            "peers_connected": sync["peers"],
+            "peers_banned": sum(1 for peer in peers if peer.banned),
+            "sync_behind": sync["behind"],
+            "orphans_waiting": len(self.orphans),
+        }
+
+    def counter_values(self) -> dict[str, int]:
+        """The network's counters for a metrics scrape: messages, operations, syncs, forks, dropped orphans."""
+        return {**vars(self.counters), "orphans_evicted": self.orphans.evicted, "orphans_expired": self.orphans.expired}
+
     def describe(self) -> dict[str, Any]:
         return {
             "peer_id": str(self.id),

@@ -134,6 +134,15 @@ def test_two_nodes_exchange_operations_both_ways(tmp_path):
         table = {p["peer_id"]: p for p in b.call("peers")["peers"]}
         assert table[peer_id(a)]["connected"] and table[peer_id(a)]["invalid"] == 0
         assert b.call("status")["p2p"]["sync"]["state"] == "in sync"
+        metrics = {
+            line.split()[0]: float(line.split()[1])
+            for line in b.http.get(b.url + "metrics").text.splitlines()
+            if line.startswith("expledger_p2p_")
+        }
+        assert metrics["expledger_p2p_peers_connected"] == 1 and metrics["expledger_p2p_peers_banned"] == 0
+        assert (
+            metrics["expledger_p2p_gossip_sent_total"] >= 1 and metrics["expledger_p2p_operations_gossiped_total"] >= 1
+        )
 
 
 def test_five_nodes_in_a_line_converge_from_both_ends(tmp_path):
