@@ -78,6 +78,8 @@ class P2PConfig:
     listen: tuple[str, ...] = (f"/ip4/127.0.0.1/tcp/{DEFAULT_P2P_PORT}",)
     #: peers (multiaddrs ending in /p2p/PEERID) dialled at start and redialled whenever disconnected
     bootstrap: tuple[str, ...] = ()
+    #: operations per gossip message at most (1: each alone, which costs every node far more CPU)
+    gossip_batch: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +123,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     "p2p": {
         "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
         "bootstrap": (list, "a list of multiaddrs ending in /p2p/PEERID"),
+        "gossip_batch": (int, "an integer from 1 to 1000"),
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
@@ -184,6 +187,8 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return all(_tcp_multiaddr(item) for item in value)
         case "p2p", "bootstrap":
             return all(_tcp_multiaddr(item, peer=True) for item in value)
+        case "p2p", "gossip_batch":
+            return 1 <= value <= 1000
         case "log", "level":
             return value in LOG_LEVELS
         case "log", "format":
@@ -247,6 +252,7 @@ max_batch = {rpc.max_batch}
 # runs the node on its own.
 listen = {strings(p2p.listen)}
 bootstrap = {strings(p2p.bootstrap)}
+gossip_batch = {p2p.gossip_batch}  # operations per gossip message, at most
 
 [log]
 level = "{log.level}"    # {", ".join(LOG_LEVELS)}

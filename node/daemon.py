@@ -256,6 +256,7 @@ def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
         startup.config.p2p.bootstrap,
         node,
         LogStates(home.p2p_dir),
+        startup.config.p2p.gossip_batch,
     )
     node.committed.append(network.committed)
     node.metrics.watch_network(lambda: (network.counter_values(), network.gauges()))

@@ -139,11 +139,12 @@ async def drain(
 
 
 class Outbox:
-    """Operations waiting to be gossiped: sent as one message when it would reach MAX_MESSAGE_BYTES or
-    MAX_BATCH_OPS, or FLUSH_DELAY after the first one arrived."""
+    """Operations waiting to be gossiped: sent as one message when it would reach MAX_MESSAGE_BYTES or `most`
+    operations (MAX_BATCH_OPS at most), or FLUSH_DELAY after the first one arrived."""
 
-    def __init__(self, send: Callable[[list[bytes]], Awaitable[None]]) -> None:
+    def __init__(self, send: Callable[[list[bytes]], Awaitable[None]], most: int = MAX_BATCH_OPS) -> None:
         self._send = send
+        self._most = min(most, MAX_BATCH_OPS)
         self._ops: deque[bytes] = deque()
         self._bytes = 0
         self._arrived = trio.Event()
@@ -156,7 +157,7 @@ class Outbox:
         self._ops.append(op)
         self._bytes += len(op)
         self._arrived.set()
-        if self._bytes >= MESSAGE_BUDGET or len(self._ops) >= MAX_BATCH_OPS:
+        if self._bytes >= MESSAGE_BUDGET or len(self._ops) >= self._most:
             self._full.set()
 
     async def run(self) -> None:
@@ -176,7 +177,7 @@ class Outbox:
         message)."""
         batch = [self._ops.popleft()]
         size = len(batch[0])
-        while len(batch) < most and len(batch) < MAX_BATCH_OPS and size + len(self._ops[0]) <= MESSAGE_BUDGET:
+        while len(batch) < min(most, self._most) and size + len(self._ops[0]) <= MESSAGE_BUDGET:
             size += len(self._ops[0])
             batch.append(self._ops.popleft())
         self._bytes -= size

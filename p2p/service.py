@@ -58,6 +58,7 @@ EVENT_QUEUE = 1024
 DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits for a durable batch)
 SYNCS = 4  # peers read at once
 SYNC_INTERVAL = 5.0  # seconds between syncs with a peer when nothing asks for one sooner
+SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer and the next
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
 PING_INTERVAL = 10.0
@@ -127,7 +128,13 @@ class P2PNode:
     `p2p.stop.set()` ends it gracefully. The node calls `committed` after every ingest batch."""
 
     def __init__(
-        self, keys: KeyPair, listen: Sequence[str], bootstrap: Sequence[str], ledger: LedgerPort, states: LogStates
+        self,
+        keys: KeyPair,
+        listen: Sequence[str],
+        bootstrap: Sequence[str],
+        ledger: LedgerPort,
+        states: LogStates,
+        gossip_batch: int = gossip.MAX_BATCH_OPS,
     ) -> None:
         self.listen = [Multiaddr(addr) for addr in listen]
         self.bootstrap = list(bootstrap)
@@ -143,7 +150,7 @@ class P2PNode:
         self.counters = Counters()
         self.orphans = OrphanPool()
         self.peers: dict[ID, Peer] = {}
-        self.outbox = Outbox(self._publish)
+        self.outbox = Outbox(self._publish, gossip_batch)
         self._forwarders: OrderedDict[bytes, ID] = OrderedDict()
         self._gossip_send, self._gossip_receive = trio.open_memory_channel[tuple[ID, bytes]](GOSSIP_QUEUE)
         self._events_send, self._events_receive = trio.open_memory_channel[PeerEvent](EVENT_QUEUE)
@@ -408,6 +415,9 @@ class P2PNode:
                 found = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
                 await deliver(found)
             peer.sync_state, peer.sync_failures, peer.last_sync = "in sync", 0, time.time()
+            # gossip hints at a grown log with nearly every message under load, and gossip itself delivers most of
+            # it: one round a second at most is enough to repair what gossip lost
+            peer.next_sync = time.monotonic() + SYNC_SPACING
         except ForkDetected as fork:
             self.counters.forks += 1
             where = self.states.record_fork(fork) if "earlier" in fork.evidence else None
