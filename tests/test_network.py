@@ -133,7 +133,7 @@ def test_two_nodes_exchange_operations_both_ways(tmp_path):
         wait_until(lambda: converged([a, b], 2), "equal state roots")
         table = {p["peer_id"]: p for p in b.call("peers")["peers"]}
         assert table[peer_id(a)]["connected"] and table[peer_id(a)]["invalid"] == 0
-        assert b.call("status")["p2p"]["sync"]["state"] == "in sync"
+        wait_until(lambda: b.call("status")["p2p"]["sync"]["state"] == "in sync", "b's sync to read a's log")
         metrics = {
             line.split()[0]: float(line.split()[1])
             for line in b.http.get(b.url + "metrics").text.splitlines()
@@ -211,7 +211,12 @@ def test_a_peer_that_rewrites_its_log_is_detected_and_refused(tmp_path):
         b = net.start("b", (addr(a),))
         for text in DISTINCT[:2]:
             add(b, text, "math.mixed")
-        wait_until(lambda: converged([a, b], 2), "a read b's log")
+        wait_until(lambda: converged([a, b], 2), "a holds b's operations")
+        b_id = peer_id(b)
+        wait_until(
+            lambda: {p["peer_id"]: p for p in a.call("peers")["peers"]}[b_id]["sync"]["read"] == 2,
+            "a read b's log (and so verified a head of b's of size 2)",
+        )
         old_head = b.call("head")
         net.stop("b")
 
