@@ -6,7 +6,8 @@ the static tokens of config.toml. A body over the limit is refused (413) as soon
 
 POST / is a bare ASGI endpoint that the app calls before Starlette: every submission pays the HTTP
 layer's CPU under the GIL the ingest thread needs, and Starlette's middleware, routing and
-Request/Response objects were a tenth of it. The other paths go through Starlette.
+Request/Response objects added about 0.03 ms to Hypercorn's 0.3 ms per request (measured with a
+do-nothing handler). The other paths go through Starlette.
 """
 
 from __future__ import annotations
@@ -81,24 +82,26 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-# the answers of POST / that do not depend on the request, byte for byte what Starlette's Response made of them
-_JSON = (b"content-type", b"application/json")
-_STOPPING = (503, b'{"error":"the node is stopping"}', [(b"content-length", b"32"), _JSON])
-_UNAUTHORIZED_TEXT = b"a valid token is required: the cookie's (rpc.cookie in the node's home) or a configured one\n"
-_UNAUTHORIZED = (
+Answer = tuple[int, bytes, list[tuple[bytes, bytes]]]
+
+
+def _answer(status: int, body: bytes, *first: tuple[bytes, bytes], media_type: bytes | None = None) -> Answer:
+    """An answer built once, with its headers in the order Starlette's Response gave them."""
+    headers = [*first, (b"content-length", str(len(body)).encode())]
+    if media_type is not None:
+        headers.append((b"content-type", media_type))
+    return status, body, headers
+
+
+_JSON = b"application/json"
+_STOPPING = _answer(503, b'{"error":"the node is stopping"}', media_type=_JSON)
+_UNAUTHORIZED = _answer(
     401,
-    _UNAUTHORIZED_TEXT,
-    [
-        (b"www-authenticate", b'Basic realm="expledger", Bearer realm="expledger"'),
-        (b"content-length", str(len(_UNAUTHORIZED_TEXT)).encode()),
-    ],
+    b"a valid token is required: the cookie's (rpc.cookie in the node's home) or a configured one\n",
+    (b"www-authenticate", b'Basic realm="expledger", Bearer realm="expledger"'),
 )
-_NO_CONTENT = (204, b"", [])
-_SERVER_ERROR = (
-    500,
-    b"Internal Server Error",
-    [(b"content-length", b"21"), (b"content-type", b"text/plain; charset=utf-8")],
-)
+_NO_CONTENT: Answer = (204, b"", [])  # no Content-Length on a 204
+_SERVER_ERROR = _answer(500, b"Internal Server Error", media_type=b"text/plain; charset=utf-8")
 
 
 class RpcEndpoint:
@@ -107,22 +110,24 @@ class RpcEndpoint:
     def __init__(self, state: ServerState, max_body_bytes: int) -> None:
         self._state = state
         self._limit = max_body_bytes
-        text = f"the body is larger than {max_body_bytes} bytes\n".encode()
         # the rest of the body is never read, so the connection cannot carry another request: say so
-        self._too_large = (413, text, [(b"connection", b"close"), (b"content-length", str(len(text)).encode())])
+        self._too_large = _answer(
+            413, f"the body is larger than {max_body_bytes} bytes\n".encode(), (b"connection", b"close")
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self._state
         if state.stopping.is_set():
             await _respond(send, *_STOPPING)
             return
-        authorization, declared = b"", None
-        for name, value in scope["headers"]:  # ASGI servers give names in lower case
-            if name == b"authorization" and not authorization:
+        authorization: bytes | None = None
+        declared: bytes | None = None
+        for name, value in scope["headers"]:  # ASGI servers give names in lower case; the first one counts
+            if name == b"authorization" and authorization is None:
                 authorization = value
             elif name == b"content-length" and declared is None:
                 declared = value
-        if not is_authorized(presented_token(authorization.decode("latin-1")), state):
+        if not is_authorized(presented_token((authorization or b"").decode("latin-1")), state):
             state.metrics.http_rejected.labels("unauthorized").inc()
             await _respond(send, *_UNAUTHORIZED)
             return
@@ -142,7 +147,9 @@ class RpcEndpoint:
         if answer is None:
             await _respond(send, *_NO_CONTENT)
         else:
-            await _respond(send, 200, answer, [(b"content-length", str(len(answer)).encode()), _JSON])
+            await _respond(
+                send, 200, answer, [(b"content-length", str(len(answer)).encode()), (b"content-type", _JSON)]
+            )
 
     async def _read_capped(self, receive: Receive, declared: bytes | None) -> bytes | None:
         """The body, or None as soon as it is known to exceed the limit (from Content-Length before reading any)."""
