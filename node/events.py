@@ -64,6 +64,15 @@ class EventHub:
             self._metrics.ws_events_dropped.inc(dropped)  # once per publish: the counter takes a lock
         return self._seq
 
+    @property
+    def listening(self) -> bool:
+        """Whether anyone subscribes: a producer may then skip building events that nobody would get."""
+        return bool(self._subscribers)
+
+    def skip(self, count: int) -> None:
+        """Number `count` events that were not built because nobody listened, so `seq` still counts every event."""
+        self._seq += count
+
     @contextmanager
     def subscribe(self) -> Iterator[Subscription]:
         if self._closed:

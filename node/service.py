@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -77,6 +78,7 @@ class Node:
         self._send, self._receive = trio.open_memory_channel[_Waiting](config.ingest.queue)
         self._writer = trio.CapacityLimiter(1)
         self._readers = trio.CapacityLimiter(READER_THREADS)
+        metrics.ingest_queue.set_function(self.queued)  # read at each scrape, not set at each submission
 
     # --- writes: the queue and the ingest task ----------------------------------------------------
 
@@ -90,7 +92,6 @@ class Node:
             raise Busy(f"the ingest queue is full ({self.config.ingest.queue} waiting); retry later") from None
         except trio.ClosedResourceError:
             raise Stopping("the node is stopping") from None
-        self.metrics.ingest_queue.set(self.queued())
         await waiting.done.wait()
         if waiting.error is not None:
             raise IngestFailed(str(waiting.error)) from waiting.error
@@ -141,7 +142,6 @@ class Node:
                         batch.append(self._receive.receive_nowait())
                     except (trio.WouldBlock, trio.EndOfChannel):
                         break
-                self.metrics.ingest_queue.set(self.queued())
                 await self._ingest(batch)
 
     async def _ingest(self, batch: list[_Waiting]) -> None:
@@ -159,13 +159,20 @@ class Node:
         for waiting, receipt in zip(batch, receipts, strict=True):
             waiting.receipt = receipt
             waiting.done.set()
-            self.metrics.operations.labels(receipt.source.kind, receipt.verdict.value, receipt.code or "").inc()
-            if receipt.verdict is Verdict.ACCEPTED:
+        # per batch, not per operation: this runs on the event loop, under the GIL the writer thread needs
+        outcomes = Counter((receipt.source.kind, receipt.verdict.value, receipt.code or "") for receipt in receipts)
+        for labels, count in outcomes.items():
+            self.metrics.operations.labels(*labels).inc(count)
+        accepted = [receipt for receipt in receipts if receipt.verdict is Verdict.ACCEPTED]
+        if self.hub.listening:
+            for receipt in accepted:
                 self.hub.publish(
                     "operation", _event(receipt.cid, receipt.kind, receipt.outcome, receipt.code, receipt.source)
                 )
-        for event in released:
-            self.hub.publish("operation", event)
+            for event in released:
+                self.hub.publish("operation", event)
+        else:
+            self.hub.skip(len(accepted) + len(released))
         for listener in self.committed:
             listener(receipts, [waiting.submission.data for waiting in batch])
         self.metrics.ingest_batch_size.observe(len(batch))
