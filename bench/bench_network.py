@@ -1,7 +1,7 @@
 """Network benchmark: a fresh node catching up by sync, and propagation latency across real daemons.
 
 Usage: python -m bench.bench_network [--catch-up 10000] [--nodes 5] [--rates 10,100] [--seconds 10]
-                                     [--skip catch-up|propagation]
+                                     [--batching 3000] [--only catch-up|propagation|batching|rogue ...]
 
 Figures, each against a baseline measured in the same run:
   catch-up     N operations (bench.workload) ingested in-process into node A's data directory, in batches of
@@ -13,6 +13,12 @@ Figures, each against a baseline measured in the same run:
                /events stream reports when each operation is applied there. Latency = applied on the last
                node - submit returned: p50/p95/max per rate (target p95 < 500 ms to all of 10 nodes at 100/s).
                The baseline is the same submit's own latency on the node that took it.
+  batching     the same operations submitted (JSON-RPC batches of 100) to the first of 3 daemons in a line, with
+               gossip batched (the default) and with `[p2p] gossip_batch = 1`: ops/s until the last node holds
+               them all, messages sent, CPU per operation on each node; the ratio of the two rates.
+  rogue        propagation among K daemons at the first rate, first alone, then while a rogue peer
+               (tests/rogue_peer.py) floods node 0 at full speed with valid low-clock operations and duplicates:
+               the honest p95 with the flood as a ratio to without it.
 
 Every process runs on this machine: K daemons and the driver share its cores.
 """
@@ -20,14 +26,20 @@ Every process runs on this machine: K daemons and the driver share its cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
+import math
 import os
 import random
+import re
+import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import websockets.exceptions
@@ -36,6 +48,7 @@ import websockets.sync.client
 from bench.bench_index import percentile
 from bench.workload import SUBJECTS, operations
 from ledger.ledger import Ledger
+from ledger.params import NetworkParams
 from node.home import Home
 from tests.daemons import Daemon, init_home, start
 
@@ -140,70 +153,190 @@ class Applied(threading.Thread):
                     self.seen.setdefault(message["data"]["cid"], time.monotonic())
 
 
+@contextmanager
+def line(root: Path, count: int, genesis: Path | None = None, config: str = "") -> Iterator[list[Daemon]]:
+    """`count` daemons in a line (each bootstraps to the one before), all linked; stopped when the block ends.
+    `config` is appended to each [p2p] section (e.g. gossip_batch = 1)."""
+    nodes: list[Daemon] = []
+    try:
+        for index in range(count):
+            home = node_home(root, f"n{index}", genesis, [addr(nodes[-1])] if nodes else [])
+            if config:
+                text = (home / "config.toml").read_text()
+                (home / "config.toml").write_text(re.sub(r"(?m)^gossip_batch = .*$", config, text))
+            genesis = genesis or home / "network.json"
+            nodes.append(start(home))
+        deadline = time.monotonic() + 60
+        while any(
+            n.call("status")["p2p"]["sync"]["peers"] < (1 if i in (0, count - 1) else 2) for i, n in enumerate(nodes)
+        ):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the line did not connect within 60 s")
+            time.sleep(0.2)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+def propagation(nodes: list[Daemon], rate: int, seconds: float, rng: random.Random) -> tuple[list[float], float]:
+    """Add operations at random nodes at `rate` for `seconds`: latencies to all nodes (inf: never everywhere),
+    and the submits' median latency."""
+    watchers = [Applied(node) for node in nodes]
+    for watcher in watchers:
+        watcher.start()
+        watcher.ready.wait(30)
+    submitted: dict[str, tuple[float, float]] = {}  # cid -> (submit started, submit returned)
+    interval, next_at = 1.0 / rate, time.monotonic()
+    end = next_at + seconds
+    while next_at < end:
+        time.sleep(max(0.0, next_at - time.monotonic()))
+        node = rng.choice(nodes)
+        text = f"When working on {rng.choice(SUBJECTS)}, check case {_word(rng.randrange(10**9))} before generalising."
+        began = time.monotonic()
+        cid = node.call("add", {"text": text, "domain": "math.bench", "confidence": 0.5})["cid"]
+        submitted[cid] = (began, time.monotonic())
+        next_at += interval
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(all(c in w.seen for w in watchers) for c in submitted):
+        time.sleep(0.1)
+    for watcher in watchers:
+        watcher.stop.set()
+    latencies = [
+        max(w.seen.get(cid, math.inf) for w in watchers) - returned for cid, (_, returned) in submitted.items()
+    ]
+    return latencies, percentile([returned - began for began, returned in submitted.values()], 0.50)
+
+
+def latency_row(label: str, latencies: list[float], base: float) -> str:
+    lost = sum(1 for value in latencies if math.isinf(value))
+    done = sorted(value for value in latencies if not math.isinf(value))
+    return (
+        f"| {label} | {len(latencies)} ({lost} not everywhere) | {base * 1000:.1f} ms | "
+        f"{percentile(done, 0.50) * 1000:.0f} ms | {percentile(done, 0.95) * 1000:.0f} ms | "
+        f"{done[-1] * 1000:.0f} ms | {percentile(done, 0.95) / base:.1f} |"
+    )
+
+
+LATENCY_HEADER = (
+    "| rate | operations | submit p50 (baseline) | to all nodes p50 | p95 | max | p95 / submit p50 |\n"
+    "| --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
 def bench_propagation(count: int, rates: list[int], seconds: float) -> None:
     rng = random.Random(3)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp, line(Path(tmp), count) as nodes:
+        progress(f"{count} daemons linked in a line")
+        print(f"\n## propagation: {count} daemons in a line, operations added at random nodes\n")
+        print(LATENCY_HEADER)
+        for rate in rates:
+            latencies, base = propagation(nodes, rate, seconds, rng)
+            print(latency_row(f"{rate}/s", latencies, base))
+        roots = {node.call("state_root")["state_root"] for node in nodes}
+        print(f"\nstate roots equal on all {count} nodes: {len(roots) == 1}")
+
+
+# --- gossip batching ------------------------------------------------------------------------------------
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def bench_batching(count: int) -> None:
+    """The same operations through 3 daemons in a line, gossip batched (the default) and one per message."""
+    results = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
-        nodes: list[Daemon] = []
-        try:
-            genesis = None
-            for index in range(count):
-                home = node_home(root, f"n{index}", genesis, [addr(nodes[-1])] if nodes else [])
-                genesis = genesis or home / "network.json"
-                nodes.append(start(home))
-            progress(f"{count} daemons started in a line; waiting for every link ...")
-            deadline = time.monotonic() + 60
-            while any(
-                n.call("status")["p2p"]["sync"]["peers"] < (1 if i in (0, count - 1) else 2)
-                for i, n in enumerate(nodes)
-            ):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the line did not connect within 60 s")
-                time.sleep(0.2)
-            watchers = [Applied(node) for node in nodes]
-            for watcher in watchers:
-                watcher.start()
-                watcher.ready.wait(30)
-            print(f"\n## propagation: {count} daemons in a line, operations added at random nodes\n")
-            print("| rate | operations | submit p50 (baseline) | to all nodes p50 | p95 | max | p95 / submit p50 |")
-            print("| --- | --- | --- | --- | --- | --- | --- |")
-            serial = 0
-            for rate in rates:
-                submitted: dict[str, tuple[float, float]] = {}  # cid -> (submit started, submit returned)
-                interval, next_at = 1.0 / rate, time.monotonic()
-                end = next_at + seconds
-                while next_at < end:
-                    time.sleep(max(0.0, next_at - time.monotonic()))
-                    node = rng.choice(nodes)
-                    text = f"When working on {rng.choice(SUBJECTS)}, check case {_word(serial)} before generalising."
-                    serial += 1
-                    began = time.monotonic()
-                    cid = node.call("add", {"text": text, "domain": "math.bench", "confidence": 0.5})["cid"]
-                    submitted[cid] = (began, time.monotonic())
-                    next_at += interval
-                deadline = time.monotonic() + 60
-                while time.monotonic() < deadline and not all(all(c in w.seen for w in watchers) for c in submitted):
-                    time.sleep(0.1)
-                latencies = [
-                    max(w.seen.get(cid, float("inf")) for w in watchers) - returned
-                    for cid, (_, returned) in submitted.items()
-                ]
-                submits = [returned - began for began, returned in submitted.values()]
-                lost = sum(1 for value in latencies if value == float("inf"))
-                done = sorted(value for value in latencies if value != float("inf"))
-                base = percentile(submits, 0.50)
-                print(
-                    f"| {rate}/s | {len(submitted)} ({lost} not everywhere) | {base * 1000:.1f} ms | "
-                    f"{percentile(done, 0.50) * 1000:.0f} ms | {percentile(done, 0.95) * 1000:.0f} ms | "
-                    f"{done[-1] * 1000:.0f} ms | {percentile(done, 0.95) / base:.1f} |"
-                )
-            for watcher in watchers:
-                watcher.stop.set()
-            roots = {node.call("state_root")["state_root"] for node in nodes}
-            print(f"\nstate roots equal on all {count} nodes: {len(roots) == 1}")
-        finally:
-            for node in nodes:
-                node.stop()
+        genesis = root / "network.json"
+        genesis.write_text(NetworkParams(network_id="bench-batching").to_json())
+        params = NetworkParams.from_file(genesis)
+        progress(f"generating {count:,} operations ...")
+        ops = [block.data.hex() for block in operations(count, params)]
+        for label, setting in (("batched (up to 1,000 per message)", ""), ("one per message", "gossip_batch = 1")):
+            with line(root / label.split()[0], 3, genesis, setting) as nodes:
+                cpu_before = [cpu_seconds(node.process.pid) for node in nodes]
+                started = time.monotonic()
+                for at in range(0, count, SUBMIT_BATCH):
+                    body = [
+                        {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op}}
+                        for i, op in enumerate(ops[at : at + SUBMIT_BATCH])
+                    ]
+                    nodes[0].http.post(nodes[0].url, json=body).raise_for_status()
+                submitted = time.monotonic() - started
+                last = nodes[-1]
+                while last.call("status")["log_size"] < count:
+                    if time.monotonic() - started > 600:
+                        raise RuntimeError("the last node did not get every operation within 600 s")
+                    time.sleep(0.05)
+                took = time.monotonic() - started
+                cpu = [cpu_seconds(node.process.pid) - before for node, before in zip(nodes, cpu_before, strict=True)]
+                sent = nodes[0].call("peers")["self"]["counters"]
+                results[label] = (took, submitted, cpu, sent["gossip_sent"], nodes[1].call("peers")["self"]["counters"])
+                progress(f"  {label}: {count / took:,.0f} ops/s to the last node")
+    print(f"\n## gossip batching: {count:,} operations submitted to the first of 3 daemons in a line\n")
+    print(
+        "| gossip | messages sent by the first | ops/s to the last node | CPU ms per operation (first, middle, last) |"
+    )
+    print("| --- | --- | --- | --- |")
+    for label, (took, _, cpu, messages, _) in results.items():
+        per_op = ", ".join(f"{seconds * 1000 / count:.2f}" for seconds in cpu)
+        print(f"| {label} | {messages:,} | {count / took:,.0f} | {per_op} |")
+    (batched, *_), (single, *_) = results.values()
+    print(f"\nthroughput batched / one per message: **{single / batched:.2f}** (same operations, same run)")
+    middle = [counters for *_, counters in results.values()]
+    print(f"middle node's counters: batched {middle[0]}, one per message {middle[1]}")
+
+
+# --- a rogue flood ------------------------------------------------------------------------------------
+
+
+def bench_rogue(count: int, rate: int, seconds: float) -> None:
+    """Propagation among honest daemons while a rogue peer floods the first with valid low-clock operations and
+    duplicates at full speed, against the same measurement without it."""
+    from tests import factories  # the rogue signs for the deterministic test network (feature-hash embedder)
+
+    rng = random.Random(5)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        genesis = root / "network.json"
+        genesis.write_text(dataclasses.replace(factories.PARAMS, network_id="bench-rogue").to_json())
+        with line(root, count, genesis) as nodes:
+            quiet, quiet_base = propagation(nodes, rate, seconds, rng)
+            rogue = subprocess.Popen(
+                [sys.executable, "-m", "tests.rogue_peer", addr(nodes[0]), "bench-rogue"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+            )
+            try:
+                assert rogue.stdin is not None and rogue.stdout is not None
+                ready = json.loads(rogue.stdout.readline())
+                assert ready["event"] == "ready", ready
+                rogue.stdin.write("flood-start 0 1000000000\n")
+                rogue.stdin.flush()
+                assert json.loads(rogue.stdout.readline())["event"] == "flooding"
+                flooded, flooded_base = propagation(nodes, rate, seconds, rng)
+                rogue.stdin.write("flood-stop\n")
+                rogue.stdin.flush()
+                stopped = json.loads(rogue.stdout.readline())
+            finally:
+                rogue.kill()
+                rogue.wait()
+            table = {p["peer_id"]: p for p in nodes[0].call("peers")["peers"]}
+            record = table.get(ready["peer_id"], {})
+    print(f"\n## a rogue flood: {count} daemons in a line, {rate} honest operations/s added at random nodes\n")
+    print(LATENCY_HEADER.replace("| rate |", "| rogue |"))
+    print(latency_row("none", quiet, quiet_base))
+    print(latency_row(f"flooding node 0 ({stopped['operations']:,} ops)", flooded, flooded_base))
+    ratio = percentile(flooded, 0.95) / percentile(quiet, 0.95)
+    print(
+        f"\nhonest p95 with the flood / without: **{ratio:.2f}**; "
+        f"the rogue as node 0 saw it: invalid {record.get('invalid')}, score {record.get('score')}"
+    )
 
 
 def _word(serial: int) -> str:
@@ -217,18 +350,29 @@ def _word(serial: int) -> str:
     return word
 
 
+SUBMIT_BATCH = 100  # submits per JSON-RPC batch in the batching measurement
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catch-up", type=int, default=10_000, dest="catch_up")
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--rates", default="10,100")
     parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--skip", choices=["catch-up", "propagation"])
+    parser.add_argument("--batching", type=int, default=3000, help="operations for the batching measurement")
+    parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue"], action="append")
     args = parser.parse_args(argv)
-    if args.skip != "catch-up":
+    wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue"])
+    rates = [int(rate) for rate in args.rates.split(",")]
+    if "catch-up" in wanted:
         bench_catch_up(args.catch_up)
-    if args.skip != "propagation":
-        bench_propagation(args.nodes, [int(rate) for rate in args.rates.split(",")], args.seconds)
+    if "propagation" in wanted:
+        bench_propagation(args.nodes, rates, args.seconds)
+    if "batching" in wanted:
+        bench_batching(args.batching)
+    if "rogue" in wanted:
+        bench_rogue(args.nodes, rates[0], args.seconds)
     return 0
 
 

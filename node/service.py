@@ -114,7 +114,6 @@ class Node:
                     await self._send.send(item)
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             raise Stopping("the node is stopping") from None
-        self.metrics.ingest_queue.set(self.queued())
         for item in waiting:
             await item.done.wait()
             if item.error is not None:

@@ -64,11 +64,21 @@ class OrphanPool:
         for dependency in orphan.missing:
             self._waiting[dependency].add(orphan.cid)
 
+    def take(self, cid: bytes) -> Orphan | None:
+        """Remove and return the orphan `cid` (it arrived again: it is checked afresh), or None."""
+        orphan = self._orphans.get(cid)
+        if orphan is not None:
+            self._remove(orphan)
+        return orphan
+
     def release(self, stored: list[bytes]) -> list[Orphan]:
-        """`stored` are now in the ledger: the orphans that no longer miss anything, removed from the pool, in the
-        order they arrived."""
-        ready = []
-        for dependency in stored:
+        """`stored` are now in the ledger: the orphans that no longer miss anything, transitively (an orphan
+        waiting only on released ones is released with them, so a chain leaves in one batch, not one batch per
+        link), removed from the pool, in the order they arrived."""
+        ready: list[Orphan] = []
+        frontier = list(stored)
+        while frontier:
+            dependency = frontier.pop()
             for cid in self._waiting.pop(dependency, ()):
                 orphan = self._orphans.get(cid)
                 if orphan is None:
@@ -76,6 +86,7 @@ class OrphanPool:
                 orphan.missing.discard(dependency)
                 if not orphan.missing:
                     ready.append(orphan)
+                    frontier.append(orphan.cid)
         for orphan in ready:
             self._remove(orphan)
         return sorted(ready, key=lambda o: o.arrived)
@@ -94,8 +105,10 @@ class OrphanPool:
         return len(old)
 
     def missing_from(self, peer: str) -> list[bytes]:
-        """Dependencies that orphans sent by `peer` wait for (what to ask it for)."""
-        return sorted({dep for cid in self._by_peer.get(peer, ()) for dep in self._orphans[cid].missing})
+        """Dependencies that orphans sent by `peer` wait for and that are not waiting here themselves (what to ask
+        it for: a waiting one is already here, it misses something further back)."""
+        wanted = {dep for cid in self._by_peer.get(peer, ()) for dep in self._orphans[cid].missing}
+        return sorted(dep for dep in wanted if dep not in self._orphans)
 
     def _evict(self, orphan: Orphan) -> None:
         self._remove(orphan)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -31,7 +31,7 @@ from multiaddr import Multiaddr
 from ledger.cid import CID
 from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Verdict
-from ledger.ops import decode_block
+from ledger.ops import Operation, decode_block
 from ledger.params import NetworkParams
 from ledger.validation import examine
 from ledger.view import LedgerView
@@ -152,6 +152,8 @@ class P2PNode:
         self.peers: dict[ID, Peer] = {}
         self.outbox = Outbox(self._publish, gossip_batch)
         self._forwarders: OrderedDict[bytes, ID] = OrderedDict()
+        #: CIDs handed to the ingest queue and not yet answered (a dependency on one of them is not missing)
+        self._queued: Counter[bytes] = Counter()
         self._gossip_send, self._gossip_receive = trio.open_memory_channel[tuple[ID, bytes]](GOSSIP_QUEUE)
         self._events_send, self._events_receive = trio.open_memory_channel[PeerEvent](EVENT_QUEUE)
         self._released_send, self._released_receive = trio.open_memory_channel[Orphan](math.inf)
@@ -310,7 +312,9 @@ class P2PNode:
                 if candidate.node == batch.node and batch.size > candidate.read_position:
                     candidate.head_size = max(candidate.head_size, batch.size)
                     candidate.wanted.set()
-            rejected = await self._deliver(list(batch.ops), Source("gossip", str(origin)), peer, wait=False)
+            # named by who handed it over: that is the peer to ask for what its operations miss
+            sender = str(forwarder) if forwarder is not None else str(origin)
+            rejected = await self._deliver(list(batch.ops), Source("gossip", sender), peer, wait=False)
             if rejected and peer is not None:
                 await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"gossip with {rejected} operations ingest rejected")
         except Exception:  # one message must not end the node: log it, drop it (sync delivers it again)
@@ -321,29 +325,65 @@ class P2PNode:
     # --- delivery into the ledger -------------------------------------------------------------------
 
     async def _deliver(self, ops: list[bytes], source: Source, peer: Peer | None, *, wait: bool) -> int:
-        """Hand `ops` to the ingest queue, keeping back (as orphans) those whose dependencies are not stored;
-        returns how many the ledger rejected."""
+        """Hand `ops` to the ingest queue, keeping back (as orphans) those whose dependencies are neither stored,
+        nor on their way to the ledger, nor among `ops` themselves (in any order: one batch applies them
+        together); returns how many the ledger rejected.
+
+        "On their way" matters: gossip messages are delivered concurrently, so a child's message is often checked
+        before its parent's batch commits; the ingest queue is first in, first out, so a child queued after its
+        parent applies with it."""
         view = self.ledger.view()
+
+        def here(cid: bytes) -> bool:
+            return cid in self._queued or view.has(CID(cid))
+
         ready: list[bytes] = []
-        present: set[bytes] = set()
+        candidates: dict[bytes, tuple[bytes, Operation]] = {}
         for data in ops:
-            cid = CID.for_block(data)
-            if cid.raw in present or cid.raw in self.orphans or view.has(cid):
+            cid = CID.for_block(data).raw
+            if cid in candidates or here(cid):
                 continue
+            # an orphan that arrives again is checked afresh: its dependencies may have come with it
+            self.orphans.take(cid)
             try:
-                op = decode_block(data).op
+                candidates[cid] = (data, decode_block(data).op)
             except LedgerError:
                 ready.append(data)  # the ledger rejects it with the precise error, and the sender is blamed
-                continue
-            missing = {d.raw for d in op.dependencies if d.raw not in present and not view.has(d)}
-            if missing:
-                self.orphans.add(Orphan(cid.raw, data, missing, op.author, source.name, source.kind, time.monotonic()))
-                continue
-            ready.append(data)
-            present.add(cid.raw)
+        missing = {
+            cid: {d.raw for d in op.dependencies if d.raw not in candidates and not here(d.raw)}
+            for cid, (_, op) in candidates.items()
+        }
+        needed_by: dict[bytes, list[bytes]] = {}
+        for cid, (_, op) in candidates.items():
+            for dependency in op.dependencies:
+                if dependency.raw in candidates:
+                    needed_by.setdefault(dependency.raw, []).append(cid)
+        waiting = [cid for cid, gone in missing.items() if gone]
+        orphaned = set(waiting)
+        while waiting:  # whatever needs an orphan waits too
+            for child in needed_by.get(waiting.pop(), ()):
+                if child not in orphaned:
+                    orphaned.add(child)
+                    waiting.append(child)
+        now = time.monotonic()
+        present: set[bytes] = set()
+        for cid, (data, op) in candidates.items():
+            if cid in orphaned:
+                absent = missing[cid] | {d.raw for d in op.dependencies if d.raw in orphaned}
+                self.orphans.add(Orphan(cid, data, absent, op.author, source.name, source.kind, now))
+            else:
+                ready.append(data)
+                present.add(cid)
         if not ready:
             return 0
-        receipts = await self.ledger.ingest(ready, source, wait=wait)
+        self._queued.update(present)
+        try:
+            receipts = await self.ledger.ingest(ready, source, wait=wait)
+        finally:
+            self._queued.subtract(present)
+            for cid in present:
+                if self._queued[cid] <= 0:
+                    del self._queued[cid]
         if receipts is None:
             self.counters.gossip_dropped += 1
             return 0
@@ -353,11 +393,22 @@ class P2PNode:
         return sum(1 for r in receipts if r.verdict is Verdict.REJECTED)
 
     async def _deliver_released(self) -> None:
-        async for orphan in self._released_receive:
-            try:
-                await self._deliver([orphan.data], Source(orphan.source, orphan.peer), None, wait=True)
-            except Exception:  # an orphan lost here comes again through sync
-                log.exception("delivering an operation whose dependencies arrived failed")
+        """Orphans whose dependencies arrived, delivered together (in arrival order) as they come."""
+        async for first in self._released_receive:
+            released = [first]
+            while True:
+                try:
+                    released.append(self._released_receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            by_source: dict[tuple[str, str], list[bytes]] = {}
+            for orphan in released:
+                by_source.setdefault((orphan.source, orphan.peer), []).append(orphan.data)
+            for (kind, name), ops in by_source.items():
+                try:
+                    await self._deliver(ops, Source(kind, name), None, wait=True)
+                except Exception:  # an orphan lost here comes again through sync
+                    log.exception("delivering %d operations whose dependencies arrived failed", len(ops))
 
     async def _sweep_orphans(self) -> None:
         while True:

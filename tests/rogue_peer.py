@@ -6,7 +6,9 @@ node sends (garbage, bad signatures, non-canonical CBOR, oversized frames, malfo
 
 Commands on stdin, one a line; every event is one JSON line on stdout:
 
-    flood-start             publish rounds of valid low-clock operations and duplicates until flood-stop
+    flood-start [PAUSE_MS ROUNDS]
+                            publish rounds of valid low-clock operations and duplicates until flood-stop (default:
+                            a pause of 20 ms between rounds, at most 300 rounds; 0 and a large count: full speed)
     flood-stop              -> {"event": "flood-stopped", "rounds": n, "operations": n}
     attack STEP,STEP,...    run these steps in order -> {"event": "step", ...} each, then {"event": "attacked",
                             "orphans": [CID, ...]}: the operations sent so far whose parents nobody holds
@@ -107,8 +109,8 @@ class Rogue:
         )
         return [add, vote, modify]
 
-    async def flood(self, stop: trio.Event) -> None:
-        while not stop.is_set() and self.rounds < FLOOD_ROUNDS:
+    async def flood(self, stop: trio.Event, pause: float = FLOOD_PAUSE, most: int = FLOOD_ROUNDS) -> None:
+        while not stop.is_set() and self.rounds < most:
             blocks = self.low_clock_round()
             ops = [block.data for block in blocks]
             previous = list(GossipBatch.decode(self.last_batch).ops) if self.last_batch else []
@@ -119,7 +121,7 @@ class Rogue:
             self.last_batch = GossipBatch(tuple(ops), f.author(1).did, 0).encode()
             self.rounds += 1
             self.operations += len(ops)
-            with trio.move_on_after(FLOOD_PAUSE):
+            with trio.move_on_after(pause):
                 await stop.wait()
 
     # --- attack steps ----------------------------------------------------------------------------------
@@ -246,14 +248,16 @@ async def session(target_addr: str, topic: str, lines: trio.MemoryReceiveChannel
         async for line in lines:
             command, _, argument = line.partition(" ")
             if command == "flood-start":
+                pause_ms, _, most = argument.partition(" ")
+                pace = (float(pause_ms) / 1000, int(most)) if most else (FLOOD_PAUSE, FLOOD_ROUNDS)
 
-                async def flood() -> None:
+                async def flood(pace: tuple[float, int]) -> None:
                     try:
-                        await rogue.flood(flood_stop)
+                        await rogue.flood(flood_stop, *pace)
                     finally:
                         flood_done.set()
 
-                nursery.start_soon(flood)
+                nursery.start_soon(flood, pace)
                 emit("flooding")
             elif command == "flood-stop":
                 flood_stop.set()

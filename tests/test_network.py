@@ -13,6 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench.workload import operations
 from ledger import codec
 from ledger.embedder import embedder_for, pack_float16
 from ledger.keys import AuthorKey
@@ -172,6 +173,28 @@ def test_a_node_that_was_offline_catches_up_through_sync(tmp_path):
         assert all(has(b, cid) for cid in made)
         table = {p["peer_id"]: p for p in b.call("peers")["peers"]}
         assert table[peer_id(a)]["sync"]["read"] == 1 + len(DISTINCT)
+
+
+def test_a_burst_through_a_line_arrives_whole(tmp_path):
+    """3,000 operations submitted as fast as a node takes them: gossip delivers messages out of order and
+    concurrently, so many operations wait for their parents; none may be lost."""
+    with network(tmp_path) as net:
+        nodes = [net.start("n0")]
+        for index in (1, 2):
+            nodes.append(net.start(f"n{index}", (addr(nodes[-1]),)))
+        wait_until(lambda: nodes[1].call("status")["p2p"]["sync"]["peers"] == 2, "the line linked")
+        params = NetworkParams.from_file(net.genesis)
+        ops = [block.data.hex() for block in operations(3000, params)]
+        for at in range(0, len(ops), 100):
+            body = [
+                {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op}}
+                for i, op in enumerate(ops[at : at + 100])
+            ]
+            answers = nodes[0].http.post(nodes[0].url, json=body).json()
+            assert all("error" not in answer for answer in answers), answers
+        wait_until(lambda: converged(nodes, len(ops)), "every operation on every node")
+        for node in nodes[1:]:
+            assert node.call("peers")["self"]["orphans"] == {"waiting": 0, "evicted": 0, "expired": 0}
 
 
 def test_partitioned_halves_heal_and_the_conflict_rules_hold(tmp_path):

@@ -190,6 +190,34 @@ def test_release_waits_for_every_dependency_and_keeps_arrival_order():
     assert pool.release([b"d1", b"d2"]) == []
 
 
+def test_what_to_ask_for_leaves_out_dependencies_waiting_here():
+    """A chain c2 -> c1 -> d9: c1 is here (waiting too), so only d9 is worth asking the peer for."""
+    pool = OrphanPool()
+    pool.add(Orphan(b"c1", b"op 1", {b"d9"}, "a", "p", "sync", 1.0))
+    pool.add(Orphan(b"c2", b"op 2", {b"c1"}, "a", "p", "sync", 2.0))
+    assert pool.missing_from("p") == [b"d9"]
+
+
+def test_a_chain_of_orphans_is_released_at_once():
+    """c3 -> c2 -> c1 -> d9, and c4 also needs d8: d9 stored releases the chain in one go, c4 stays."""
+    pool = OrphanPool()
+    pool.add(Orphan(b"c1", b"op 1", {b"d9"}, "a", "p", "gossip", 1.0))
+    pool.add(Orphan(b"c3", b"op 3", {b"c2"}, "a", "p", "gossip", 2.0))
+    pool.add(Orphan(b"c2", b"op 2", {b"c1"}, "a", "p", "gossip", 3.0))
+    pool.add(Orphan(b"c4", b"op 4", {b"c3", b"d8"}, "a", "p", "gossip", 4.0))
+    assert [o.cid for o in pool.release([b"d9"])] == [b"c1", b"c3", b"c2"]  # in arrival order
+    assert len(pool) == 1 and pool.missing_from("p") == [b"d8"]
+
+
+def test_an_orphan_taken_back_leaves_no_trace():
+    pool = OrphanPool()
+    pool.add(orphan(1, missing=(1, 2)))
+    taken = pool.take(b"c1")
+    assert taken is not None and taken.cid == b"c1"
+    assert len(pool) == 0 and pool.missing_from("p") == [] and pool.release([b"d1", b"d2"]) == []
+    assert pool.take(b"c1") is None and pool.evicted == 0
+
+
 def test_orphans_older_than_the_ttl_expire():
     pool = OrphanPool()
     for number in range(1, 5):
