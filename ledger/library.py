@@ -17,6 +17,7 @@ no per-experience state in memory.
 
 from __future__ import annotations
 
+import bisect
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -222,6 +223,18 @@ class _Work:
 
 def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
     return [CID(raw) for raw in sorted(set(raws))]
+
+
+def _insert_cid(cids: list[CID], raw: bytes) -> None:
+    """Add `raw` to a list of CIDs sorted by binary CID, unless it is there (a popular experience's
+    `absorbed` list is long: rebuilding it for each absorption cost time growing with the ledger)."""
+    at = bisect.bisect_left(cids, raw, key=_raw)
+    if at == len(cids) or cids[at].raw != raw:
+        cids.insert(at, CID(raw))
+
+
+def _raw(cid: CID) -> bytes:
+    return cid.raw
 
 
 class Library:
@@ -635,7 +648,7 @@ class Library:
         if op.kind is Kind.MODIFY:
             return self._modify(records, cid, record, op)
         record.status = Life.DELETED
-        record.deleted_by = _sorted_cids([*(c.raw for c in record.deleted_by), cid])
+        _insert_cid(record.deleted_by, cid)
         records.put(record)
         return OpStatus.applied(exp_id)
 
@@ -653,7 +666,7 @@ class Library:
         stands = records.record(root)
         assert stands is not None
         stands.support += 1
-        stands.absorbed = _sorted_cids([*(c.raw for c in stands.absorbed), cid])
+        _insert_cid(stands.absorbed, cid)
         record.status, record.alias_of = Life.ALIAS, CID(into)
         records.put(stands)
         records.put(record)

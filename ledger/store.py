@@ -324,7 +324,13 @@ class Store:
                 paranoid_checks=True,
                 bloom_filter_bits=10,  # most lookups on ingest are for keys that are absent
                 lru_cache_size=64 * 1024 * 1024,
-                write_buffer_size=16 * 1024 * 1024,
+                # Compaction rewrites every byte ~10 times as the database grows, on the writer's cores.
+                # Blocks, CIDs, signatures and float16 vectors do not compress (snappy saved ~11% of the
+                # disk), and larger memtables and files mean fewer, larger compactions: at 100k-120k
+                # operations compaction CPU fell from 6.2 s to 1.4 s per 20,000 operations.
+                compression=None,
+                write_buffer_size=64 * 1024 * 1024,
+                max_file_size=8 * 1024 * 1024,
             )
         except plyvel.CorruptionError as exc:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
