@@ -78,6 +78,9 @@ class ExperienceIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def __contains__(self, exp_id: object) -> bool:
+        return exp_id in self._key_of
+
     def ids(self) -> set[bytes]:
         return set(self._ids.values())
 
