@@ -332,7 +332,8 @@ class Ledger:
                 self._queued[exp_id] = self._queued.get(exp_id, 0) + 1
             if not self._feeding:
                 self._feeding = True
-                threading.Thread(target=self._feed, name="ledger-index", daemon=True).start()
+                # not a daemon: at exit the interpreter waits for the backlog instead of killing the thread mid-insert
+                threading.Thread(target=self._feed, name="ledger-index").start()
             while self._backlog_size > _BACKLOG_LIMIT:
                 self._index_changed.wait()
 
