@@ -240,6 +240,13 @@ class ExperienceIndex:
         return None
 
 
+def exact_nearest(ids: list[bytes], vectors: np.ndarray, query: np.ndarray, count: int) -> list[tuple[bytes, float]]:
+    """The `count` rows nearest `query`, scored exactly as an index of up to `EXACT_SEARCH_LIMIT` scores them."""
+    rows = _ExactVectors(vectors.shape[1])
+    rows.add(ids, vectors)
+    return rows.search(unit(np.asarray(query, dtype=np.float32)), count)
+
+
 def _digest(meta: bytes, index_bytes: bytes | bytearray) -> bytes:
     """One SHA-256 over the key map (length first) and the index file, so neither can be swapped alone."""
     hasher = hashlib.sha256(len(meta).to_bytes(8, "big"))

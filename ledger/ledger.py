@@ -22,9 +22,9 @@ import numpy as np
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.embedder import Embedder, embedder_for, unit, unpack_float16
+from ledger.embedder import Embedder, embedder_for, unpack_float16
 from ledger.errors import LedgerError
-from ledger.index import ExperienceIndex
+from ledger.index import ExperienceIndex, exact_nearest
 from ledger.ingest import Batch, Receipt, Submission, Verdict, WriterState, as_submissions, triage
 from ledger.keys import AuthorKey
 from ledger.library import Fold, Library
@@ -391,14 +391,11 @@ class Ledger:
         with self._index_lock:
             unindexed = dict(self._unindexed)
             stale = sum(1 for exp_id in unindexed if exp_id in self._index)
-            found = [item for item in self._index.search(vector, count + stale) if item[0] not in unindexed]
+            found = [item for item in self._index.search(vector, count + stale) if item[0] not in unindexed][:count]
         queued = [(exp_id, change[1]) for exp_id, change in unindexed.items() if change is not None]
-        if queued:
-            rows = np.stack([unpack_float16(values) for _, values in queued]).astype(np.float64)
-            norms = np.linalg.norm(rows, axis=1)
-            query = unit(np.asarray(vector, dtype=np.float32)).astype(np.float64)
-            scores = (rows @ query) / np.where(norms > 0, norms, 1)
-            found += [(exp_id, float(score)) for (exp_id, _), score in zip(queued, scores.tolist(), strict=True)]
+        if queued and count > 0:
+            rows = np.stack([unpack_float16(values) for _, values in queued])
+            found += exact_nearest([exp_id for exp_id, _ in queued], rows, vector, count)
             found = sorted(found, key=lambda item: (-item[1], item[0]))[:count]
         return [(CID(exp_id), score) for exp_id, score in found]
 

@@ -58,6 +58,10 @@ def test_search_right_after_a_batch_covers_what_the_index_thread_has_not_inserte
             vector = vectors[cid.raw]
             expected = float(vector @ query / (np.linalg.norm(vector) * np.linalg.norm(query)))
             assert score == pytest.approx(expected, abs=2e-3)
+        best = ledger.nearest(query, 1)
+        # the backlog is scored as exact search scores the index: the same answer wherever the vectors are
+        assert best == found[:1]
+        assert ledger.nearest(query, 0) == []
         assert ledger.live_count() == len(live)
     ledger.close()
 
