@@ -78,6 +78,9 @@ class ExperienceIndex:
     def __len__(self) -> int:
         return len(self._ids)
 
+    def __contains__(self, exp_id: object) -> bool:
+        return exp_id in self._key_of
+
     def ids(self) -> set[bytes]:
         return set(self._ids.values())
 
@@ -235,6 +238,13 @@ class ExperienceIndex:
         self._key_of = {exp_id: key for key, exp_id, _ in entries}
         self._version = {exp_id: version for _, exp_id, version in entries}
         return None
+
+
+def exact_nearest(ids: list[bytes], vectors: np.ndarray, query: np.ndarray, count: int) -> list[tuple[bytes, float]]:
+    """The `count` rows nearest `query`, scored exactly as an index of up to `EXACT_SEARCH_LIMIT` scores them."""
+    rows = _ExactVectors(vectors.shape[1])
+    rows.add(ids, vectors)
+    return rows.search(unit(np.asarray(query, dtype=np.float32)), count)
 
 
 def _digest(meta: bytes, index_bytes: bytes | bytearray) -> bytes:

@@ -42,10 +42,10 @@ BY_DOMAIN = b"D"  # D domain path, 0x00, experience id -> "" (live experiences)
 STATUS = b"V"  # V cid -> what the fold made of that operation
 VOTES = b"Y"  # Y experience id, author did -> the author's latest vote naming that experience
 COUNTED = b"R"  # R root experience id, author did -> the author's vote that counts for that root
-COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by near-duplicates and merges)
+COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by absorption and merges, §7.5)
 MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
-ABSORBS = b"E"  # E add cid -> the canonically earliest earlier add it nearly duplicates (§7.6)
+ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earlier near-duplicate sharing a band, §7.6)
 BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds, in fold order)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
@@ -324,7 +324,13 @@ class Store:
                 paranoid_checks=True,
                 bloom_filter_bits=10,  # most lookups on ingest are for keys that are absent
                 lru_cache_size=64 * 1024 * 1024,
-                write_buffer_size=16 * 1024 * 1024,
+                # Compaction rewrites every byte ~10 times as the database grows, on the writer's cores.
+                # Blocks, CIDs, signatures and float16 vectors do not compress (snappy saved ~11% of the
+                # disk), and larger memtables and files mean fewer, larger compactions: at 100k-120k
+                # operations compaction CPU fell from 6.2 s to 1.4 s per 20,000 operations.
+                compression=None,
+                write_buffer_size=64 * 1024 * 1024,
+                max_file_size=8 * 1024 * 1024,
             )
         except plyvel.CorruptionError as exc:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None

@@ -8,11 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.cid import CID
+from ledger.embedder import unpack_float16
 from ledger.index import INDEX_FILE, META_FILE
 from ledger.ops import Kind
 from tests import factories as f
@@ -31,6 +33,37 @@ def _assert_index_matches_library(ledger) -> None:
     assert set(indexed) == _live(ledger)
     for exp_id, version in indexed.items():
         assert version == view.experience(CID(exp_id)).version.raw
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(1, 40))
+def test_search_right_after_a_batch_covers_what_the_index_thread_has_not_inserted(tmp_path_factory, seed, size):
+    """The index thread inserts behind the writer: a search right after `ingest` returns must still see exactly
+    the live experiences, each scored by the vector of its visible version, whatever the thread has done."""
+    rng = random.Random(seed)
+    blocks = random_history(rng, size)
+    rng.shuffle(blocks)
+    ledger = open_ledger(tmp_path_factory.mktemp("node"))
+    for start in range(0, len(blocks), 3):
+        ledger.ingest([b.data for b in blocks[start : start + 3]])
+        view, live = ledger.view(), _live(ledger)
+        vectors = {
+            exp_id: unpack_float16(view.content(view.experience(CID(exp_id)).version).embedding.values)
+            for exp_id in live
+        }
+        query = next(iter(vectors.values()), np.ones(ledger.params.embedding_dim, dtype=np.float32))
+        found = ledger.nearest(query, len(live) + 3)
+        assert {cid.raw for cid, _ in found} == live
+        for cid, score in found:
+            vector = vectors[cid.raw]
+            expected = float(vector @ query / (np.linalg.norm(vector) * np.linalg.norm(query)))
+            assert score == pytest.approx(expected, abs=2e-3)
+        best = ledger.nearest(query, 1)
+        # the backlog is scored as exact search scores the index: the same answer wherever the vectors are
+        assert best == found[:1]
+        assert ledger.nearest(query, 0) == []
+        assert ledger.live_count() == len(live)
+    ledger.close()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
