@@ -105,8 +105,9 @@ async def publish(pubsub: Pubsub, topic: str, data: bytes) -> None:
     await pubsub.publish(topic, data)
 
 
-#: (forwarder, data) -> accept? The forwarder is the connected peer that handed us the message.
-Check = Callable[[ID, bytes], Awaitable[bool]]
+#: (forwarder, origin, data) -> accept? The forwarder is the connected peer that handed us the message, the
+#: origin the peer that published it (its signature on the message is checked by Pubsub).
+Check = Callable[[ID, ID, bytes], Awaitable[bool]]
 
 
 def set_validator(pubsub: Pubsub, topic: str, check: Check) -> None:
@@ -116,7 +117,7 @@ def set_validator(pubsub: Pubsub, topic: str, check: Check) -> None:
 
     async def validator(forwarder: ID, msg: rpc_pb2.Message) -> bool:
         try:
-            return await check(forwarder, msg.data)
+            return await check(forwarder, ID(msg.from_id), msg.data)
         except Exception:
             log.exception("the gossip validator failed on a message from %s; rejecting it", forwarder)
             return False
@@ -182,3 +183,28 @@ class Outbox:
             batch.append(self._ops.popleft())
         self._bytes -= size
         return batch
+
+
+class Allowance:
+    """A token bucket per origin: how many operations one publisher may have accepted per second (sustained) and
+    at once (burst). Valid operations are the cheapest flood there is (every node stores and forwards them), so
+    past its allowance an origin's messages are dropped at the first hop, unpenalised: they are valid, and sync
+    still brings whatever an honest node published in a burst."""
+
+    def __init__(self, rate: float = 200.0, burst: float = 5000.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[ID, tuple[float, float]] = {}  # origin -> (tokens, when)
+
+    def take(self, origin: ID, operations: int) -> bool:
+        """Spend `operations` of `origin`'s allowance; False (and nothing spent) if it has not that many left."""
+        now = self._clock()
+        tokens, then = self._buckets.get(origin, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - then) * self.rate)
+        allowed = tokens >= operations
+        self._buckets[origin] = (tokens - operations if allowed else tokens, now)
+        if len(self._buckets) > 4096:  # forget the fullest buckets first: they are the ones back at `burst`
+            for key, _ in sorted(self._buckets.items(), key=lambda item: -item[1][0])[:1024]:
+                del self._buckets[key]
+        return allowed

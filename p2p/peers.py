@@ -91,6 +91,7 @@ class Peer:
     sync_failures: int = 0
     next_sync: float = 0.0  # monotonic: no sync before (backoff after failures)
     in_flight: int = 0  # sync requests open to it
+    ping_misses: int = 0  # pings in a row it did not answer in time
     wanted: trio.Event = field(default_factory=trio.Event)  # set: sync with it soon
     scope: trio.CancelScope | None = None  # its sync loop, while connected
 

@@ -62,7 +62,8 @@ SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer a
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
 PING_INTERVAL = 10.0
-PING_TIMEOUT = 5.0
+PING_TIMEOUT = 10.0
+PING_MISSES = 2  # unanswered pings in a row before a peer is dropped (a busy node answers late, not never)
 ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
 #: what a sync request can get wrong that no honest node does (a stream cut short or slow may be the network's fault)
 PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
@@ -89,6 +90,7 @@ class Counters:
     gossip_received: int = 0
     gossip_rejected: int = 0
     gossip_dropped: int = 0  # our queue or the node's ingest queue was full
+    gossip_throttled: int = 0  # its origin had used up its allowance of operations
     gossip_sent: int = 0
     operations_gossiped: int = 0
     sync_entries: int = 0
@@ -151,6 +153,7 @@ class P2PNode:
         self.orphans = OrphanPool()
         self.peers: dict[ID, Peer] = {}
         self.outbox = Outbox(self._publish, gossip_batch)
+        self.allowance = gossip.Allowance()
         self._forwarders: OrderedDict[bytes, ID] = OrderedDict()
         #: CIDs handed to the ingest queue and not yet answered (a dependency on one of them is not missing)
         self._queued: Counter[bytes] = Counter()
@@ -263,9 +266,10 @@ class P2PNode:
         self.counters.gossip_sent += 1
         self.counters.operations_gossiped += len(ops)
 
-    async def _check_gossip(self, forwarder: ID, data: bytes) -> bool:
-        """The stateless front of ingest, before a message is accepted or forwarded: the batch's shape, then every
-        operation not already stored (codec, schema, text rules, signature), on a reader thread."""
+    async def _check_gossip(self, forwarder: ID, origin: ID, data: bytes) -> bool:
+        """The stateless front of ingest, before a message is accepted or forwarded: the batch's shape, then the
+        origin's allowance, then every operation not already stored (codec, schema, text rules, signature), on a
+        reader thread."""
         if forwarder == self.id:
             return True
         peer = self.peer(forwarder)
@@ -279,6 +283,9 @@ class P2PNode:
             return False
         view = self.ledger.view()
         new = [op for op in batch.ops if not view.has(CID.for_block(op))]
+        if new and not self.allowance.take(origin, len(new)):
+            self.counters.gossip_throttled += 1
+            return False
         error = await self.ledger.read(_first_error, new, self.ledger.params) if new else None
         if error is not None:
             await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"gossip with an invalid operation ({error})")
@@ -555,11 +562,16 @@ class P2PNode:
         """A frozen or cut-off peer stays "connected" for libp2p; one that does not answer a ping is dropped."""
 
         async def check(peer_id: ID) -> None:
+            peer = self.peer(peer_id)
             try:
                 await ping(self.host, peer_id, PING_TIMEOUT)
+                peer.ping_misses = 0
             except trio.TooSlowError:
-                log.info("peer %s did not answer a ping within %.0f s: disconnecting", peer_id, PING_TIMEOUT)
-                await self.host.disconnect(peer_id)
+                peer.ping_misses += 1
+                if peer.ping_misses >= PING_MISSES:
+                    log.info("peer %s missed %d pings of %.0f s: disconnecting", peer_id, PING_MISSES, PING_TIMEOUT)
+                    peer.ping_misses = 0
+                    await self.host.disconnect(peer_id)
             except Exception as exc:  # the connection is going away; the next round sees it
                 log.debug("ping to %s failed: %s", peer_id, exc)
 

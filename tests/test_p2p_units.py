@@ -571,3 +571,16 @@ def test_a_steady_flow_is_still_sent_in_batches():
     sent, _ = run_outbox([(0.001, op) for op in ops], send_time=0.005)
     assert [op for _, batch in sent for op in batch] == ops
     assert len(sent) <= 300 * 0.001 / gossip.FLUSH_DELAY + 2, [len(batch) for _, batch in sent]
+
+
+def test_an_origins_allowance_refills_at_its_rate_and_caps_at_its_burst():
+    now = [0.0]
+    allowance = gossip.Allowance(rate=10.0, burst=100.0, clock=lambda: now[0])
+    origin, other = object(), object()
+    assert allowance.take(origin, 100) and not allowance.take(origin, 1)  # the burst, then nothing
+    assert allowance.take(other, 60)  # another origin has its own
+    now[0] = 0.5
+    assert allowance.take(origin, 5) and not allowance.take(origin, 1)  # half a second: five more
+    assert not allowance.take(origin, 1)  # a refusal spends nothing, and nothing came back meanwhile
+    now[0] = 1000.0
+    assert allowance.take(origin, 100) and not allowance.take(origin, 1)  # refilled, but never above the burst
