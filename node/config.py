@@ -80,6 +80,12 @@ class P2PConfig:
     bootstrap: tuple[str, ...] = ()
     #: operations per gossip message at most (1: each alone, which costs every node far more CPU)
     gossip_batch: int = 1000
+    #: new operations per second one publisher (origin) may have this node take and forward by gossip; past it
+    #: its messages are dropped unpenalised and sync brings the operations (valid operations are the cheapest
+    #: flood: every node stores and forwards them)
+    gossip_rate: int = 50
+    #: and at once
+    gossip_burst: int = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +130,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
         "bootstrap": (list, "a list of multiaddrs ending in /p2p/PEERID"),
         "gossip_batch": (int, "an integer from 1 to 1000"),
+        "gossip_rate": (int, "an integer from 1 to 1000000"),
+        "gossip_burst": (int, "an integer from 1 to 1000000"),
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
@@ -189,6 +197,8 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return all(_tcp_multiaddr(item, peer=True) for item in value)
         case "p2p", "gossip_batch":
             return 1 <= value <= 1000
+        case "p2p", "gossip_rate" | "gossip_burst":
+            return 1 <= value <= 1_000_000
         case "log", "level":
             return value in LOG_LEVELS
         case "log", "format":
@@ -253,6 +263,8 @@ max_batch = {rpc.max_batch}
 listen = {strings(p2p.listen)}
 bootstrap = {strings(p2p.bootstrap)}
 gossip_batch = {p2p.gossip_batch}  # operations per gossip message, at most
+gossip_rate = {p2p.gossip_rate}     # new operations/s one publisher may have this node take by gossip (then sync)
+gossip_burst = {p2p.gossip_burst}  # and at once
 
 [log]
 level = "{log.level}"    # {", ".join(LOG_LEVELS)}

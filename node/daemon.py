@@ -37,6 +37,7 @@ from node.jsonrpc import Dispatcher
 from node.metrics import NodeMetrics
 from node.server import ServerState, build_app
 from node.service import Node
+from p2p.gossip import Allowance
 from p2p.host import key_pair
 from p2p.service import P2PNode, route_library_logs
 from p2p.sync import LogStates
@@ -51,6 +52,10 @@ HARD_EXIT_AFTER = 5.0  # seconds after the second signal, for code that ignores 
 DETACH_TIMEOUT = 120.0  # seconds `--detach` waits for the background daemon to say it is ready
 LOG_FILE = "daemon.log"  # a detached daemon's stderr, in its home
 GRACEFUL_TIMEOUT = 10.0  # seconds requests in flight get to finish after the first signal
+# seconds an idle keep-alive connection stays open (Bitcoin Core's rpcservertimeout). Above the 5 s after which
+# clients such as httpx drop idle connections themselves: with equal timeouts the server closes a connection just
+# as a client sends on it, and the call fails with "connection reset" (seen under load)
+KEEP_ALIVE_TIMEOUT = 30.0
 #: a peer that stops reading blocks hypercorn's shielded sends (and so any stop) until the kernel gives up
 TCP_USER_TIMEOUT_MS = 30_000
 
@@ -195,6 +200,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     server_config = HypercornConfig()
     server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor
     server_config.graceful_timeout = GRACEFUL_TIMEOUT
+    server_config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
     server_config.read_timeout = 30  # a client that stalls mid-request is dropped
     # pings keep listening-only websocket clients within read_timeout; a stop waits for the ping timer of
     # every websocket open in the last interval, so it is short
@@ -257,6 +263,7 @@ def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
         node,
         LogStates(home.p2p_dir),
         startup.config.p2p.gossip_batch,
+        Allowance(startup.config.p2p.gossip_rate, startup.config.p2p.gossip_burst),
     )
     node.committed.append(network.committed)
     node.metrics.watch_network(lambda: (network.counter_values(), network.gauges()))

@@ -90,8 +90,10 @@ class EventHub:
             receive.close()
 
     def close(self) -> None:
-        """End every subscription's stream; senders stop at the next event instead of draining their queue."""
+        """End every subscription's stream; senders stop at the next event instead of draining their queue. Events
+        published later (the ingest task drains its queue after the server stops) reach nobody."""
         self._closed = True
         for sub in self._subscribers:
             sub.closing = True
             sub.send.close()
+        self._subscribers.clear()

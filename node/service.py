@@ -4,9 +4,10 @@ The ledger is synchronous (plyvel). Every submission, from any source, goes into
 queue; the ingest task takes what is waiting (up to `ingest.batch`) and hands it to
 `Ledger.ingest` on the single writer thread, so many small submissions share one synced write
 and the event loop never blocks. A full queue refuses a submission at once (`Busy`), never
-silently. Reads go to a separate pool of reader threads over the ledger's committed views, so a
-write in progress does not delay them (measured: reads during a 200 ms write waited 202 ms with
-one shared limiter, 11 ms with separate ones). Database calls are never abandoned on
+silently. The queue has one lane per source, served in turn, so a flood waits behind itself.
+Reads go to a separate pool of reader threads over the ledger's committed views, so a write in
+progress does not delay them (measured: reads during a 200 ms write waited 202 ms with one shared
+limiter, 11 ms with separate ones). Database calls are never abandoned on
 cancellation: closing LevelDB under a thread still reading it crashes the process.
 """
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 READER_THREADS = 4
+LANE_SHARE = 8  # one source may fill an eighth of the ingest queue (at least a batch)
 
 
 class Busy(Exception):
@@ -59,6 +61,71 @@ class _Waiting:
     error: BaseException | None = None
 
 
+class IngestQueue:
+    """Submissions waiting for the ingest task: a first-in, first-out lane per source (the RPC clients, each
+    gossip origin, each peer read by sync), served one submission per lane in turn. Bitcoin Core's message handler
+    does the same for peers: a peer that floods the node with valid operations fills its own lane and waits
+    behind itself, while the others' operations go into the next batch. Across lanes order is not kept; the
+    ledger holds an operation whose dependencies are still queued as pending, and applies it when they arrive."""
+
+    def __init__(self, capacity: int, lane_capacity: int) -> None:
+        self.capacity = capacity
+        self.lane_capacity = lane_capacity
+        self._lanes: dict[str, deque[_Waiting]] = {}  # in the order they are served
+        self._size = 0
+        self._closed = False
+        self._items = trio.lowlevel.ParkingLot()  # the ingest task, waiting for submissions
+        self._room = trio.lowlevel.ParkingLot()  # senders waiting for room
+
+    def __len__(self) -> int:
+        return self._size
+
+    def has_room(self, lane: str, count: int) -> bool:
+        return self._size + count <= self.capacity and len(self._lanes.get(lane, ())) + count <= self.lane_capacity
+
+    def put_nowait(self, lane: str, items: Sequence[_Waiting]) -> bool:
+        """Queue all of `items` in `lane`, or none of them (False) if the queue or the lane has no room."""
+        if self._closed:
+            raise Stopping("the node is stopping")
+        if not self.has_room(lane, len(items)):
+            return False
+        self._lanes.setdefault(lane, deque()).extend(items)
+        self._size += len(items)
+        self._items.unpark_all()
+        return True
+
+    async def put(self, lane: str, items: Sequence[_Waiting]) -> None:
+        """Queue `items` in `lane` one by one, each as soon as there is room."""
+        for item in items:
+            while not self.put_nowait(lane, [item]):
+                await self._room.park()
+
+    async def take(self, most: int) -> list[_Waiting]:
+        """Up to `most` submissions, one per lane in turn; [] once the queue is closed and empty."""
+        while not self._size:
+            if self._closed:
+                return []
+            await self._items.park()
+        batch: list[_Waiting] = []
+        while len(batch) < most and self._lanes:
+            for lane in list(self._lanes):
+                waiting = self._lanes[lane]
+                batch.append(waiting.popleft())
+                if not waiting:
+                    del self._lanes[lane]
+                if len(batch) == most:
+                    break
+        self._size -= len(batch)
+        self._room.unpark_all()
+        return batch
+
+    def close(self) -> None:
+        """Take no more; what is queued is still taken."""
+        self._closed = True
+        self._items.unpark_all()
+        self._room.unpark_all()
+
+
 class Node:
     """A ledger served on trio: the ingest queue and task, reader threads, operations built for clients."""
 
@@ -75,7 +142,7 @@ class Node:
         #: called on the event loop after every ingest batch with its receipts and submitted bytes (the network
         #: gossips what was made here and releases operations that waited for what was stored)
         self.committed: list[Callable[[list[Receipt], list[bytes]], None]] = []
-        self._send, self._receive = trio.open_memory_channel[_Waiting](config.ingest.queue)
+        self._queue = IngestQueue(config.ingest.queue, max(config.ingest.batch, config.ingest.queue // LANE_SHARE))
         self._writer = trio.CapacityLimiter(1)
         self._readers = trio.CapacityLimiter(READER_THREADS)
         metrics.ingest_queue.set_function(self.queued)  # read at each scrape, not set at each submission
@@ -85,35 +152,30 @@ class Node:
     async def submit(self, submission: Submission) -> Receipt:
         """Queue one submission and wait until the batch holding it is durable; its receipt then."""
         waiting = _Waiting(submission)
-        try:
-            self._send.send_nowait(waiting)
-        except trio.WouldBlock:
+        if not self._queue.put_nowait(_lane(submission.source), [waiting]):
             self.metrics.ingest_refused.inc()
-            raise Busy(f"the ingest queue is full ({self.config.ingest.queue} waiting); retry later") from None
-        except trio.ClosedResourceError:
-            raise Stopping("the node is stopping") from None
+            raise Busy(f"the ingest queue is full ({len(self._queue)} waiting); retry later")
         await waiting.done.wait()
         if waiting.error is not None:
             raise IngestFailed(str(waiting.error)) from waiting.error
         assert waiting.receipt is not None
         return waiting.receipt
 
-    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool) -> list[Receipt] | None:
+    async def ingest(
+        self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None
+    ) -> list[Receipt] | None:
         """Queue operations from the network and wait until they are durable; their receipts. With `wait`
-        False (gossip) a queue without room for all of them refuses them all at once: None, nothing queued."""
+        False (gossip) a lane without room for all of them refuses them all at once: None, nothing queued.
+        `lane` defaults to the source's (gossip queues by origin: a flood forwarded by an honest peer is still
+        the flood's)."""
         waiting = [_Waiting(Submission(data, source)) for data in ops]
-        try:
-            if not wait:
-                if self.queued() + len(waiting) > self.config.ingest.queue:
-                    self.metrics.ingest_refused.inc(len(waiting))
-                    return None
-                for item in waiting:
-                    self._send.send_nowait(item)
-            else:
-                for item in waiting:
-                    await self._send.send(item)
-        except (trio.ClosedResourceError, trio.BrokenResourceError):
-            raise Stopping("the node is stopping") from None
+        lane = lane or _lane(source)
+        if not wait:
+            if not self._queue.put_nowait(lane, waiting):
+                self.metrics.ingest_refused.inc(len(waiting))
+                return None
+        else:
+            await self._queue.put(lane, waiting)
         for item in waiting:
             await item.done.wait()
             if item.error is not None:
@@ -124,24 +186,18 @@ class Node:
         return self.ledger.view()
 
     def queued(self) -> int:
-        return self._receive.statistics().current_buffer_used
+        return len(self._queue)
 
     def close_queue(self) -> None:
         """Take no more submissions; the ingest task finishes what is queued, then returns."""
-        self._send.close()
+        self._queue.close()
 
     async def run_ingest(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The single writer: each round takes everything waiting (up to a batch) into one synced write."""
+        """The single writer: each round takes everything waiting (up to a batch, lanes in turn) into one synced
+        write."""
         task_status.started()
-        async with self._receive:
-            async for first in self._receive:
-                batch = [first]
-                while len(batch) < self.config.ingest.batch:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except (trio.WouldBlock, trio.EndOfChannel):
-                        break
-                await self._ingest(batch)
+        while batch := await self._queue.take(self.config.ingest.batch):
+            await self._ingest(batch)
 
     async def _ingest(self, batch: list[_Waiting]) -> None:
         started = time.perf_counter()
@@ -206,6 +262,10 @@ class Node:
         parents, clock = self.ledger.view().parents_and_clock(on)
         op = Operation(kind, self.author.did, clock, parents, int(time.time()), **fields)
         return sign(op, self.author)
+
+
+def _lane(source: Source) -> str:
+    return f"{source.kind}:{source.name}"
 
 
 def _event(cid: CID | None, kind: Kind | None, outcome: str, code: str | None, source: Source) -> dict[str, Any]:

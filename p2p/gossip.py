@@ -185,13 +185,19 @@ class Outbox:
         return batch
 
 
+ALLOWANCE_RATE = 50.0  # new operations per second one publisher may have every node take by gossip
+ALLOWANCE_BURST = 1000  # and at once (a seed library, a learning run's output); past it, sync brings them
+
+
 class Allowance:
     """A token bucket per origin: how many operations one publisher may have accepted per second (sustained) and
     at once (burst). Valid operations are the cheapest flood there is (every node stores and forwards them), so
     past its allowance an origin's messages are dropped at the first hop, unpenalised: they are valid, and sync
     still brings whatever an honest node published in a burst."""
 
-    def __init__(self, rate: float = 200.0, burst: float = 5000.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rate: float = ALLOWANCE_RATE, burst: float = ALLOWANCE_BURST, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.rate = rate
         self.burst = burst
         self._clock = clock

@@ -80,8 +80,10 @@ class LedgerPort(Protocol):
 
     async def read(self, function: Callable[..., Any], *args: Any) -> Any: ...
 
-    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool) -> list[Receipt] | None:
-        """Receipts once durable; None when the queue is full and `wait` is False (nothing was queued)."""
+    async def ingest(
+        self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None
+    ) -> list[Receipt] | None:
+        """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued)."""
         ...
 
 
@@ -137,6 +139,7 @@ class P2PNode:
         ledger: LedgerPort,
         states: LogStates,
         gossip_batch: int = gossip.MAX_BATCH_OPS,
+        allowance: gossip.Allowance | None = None,
     ) -> None:
         self.listen = [Multiaddr(addr) for addr in listen]
         self.bootstrap = list(bootstrap)
@@ -153,7 +156,7 @@ class P2PNode:
         self.orphans = OrphanPool()
         self.peers: dict[ID, Peer] = {}
         self.outbox = Outbox(self._publish, gossip_batch)
-        self.allowance = gossip.Allowance()
+        self.allowance = allowance or gossip.Allowance()
         self._forwarders: OrderedDict[bytes, ID] = OrderedDict()
         #: CIDs handed to the ingest queue and not yet answered (a dependency on one of them is not missing)
         self._queued: Counter[bytes] = Counter()
@@ -321,7 +324,9 @@ class P2PNode:
                     candidate.wanted.set()
             # named by who handed it over: that is the peer to ask for what its operations miss
             sender = str(forwarder) if forwarder is not None else str(origin)
-            rejected = await self._deliver(list(batch.ops), Source("gossip", sender), peer, wait=False)
+            rejected = await self._deliver(
+                list(batch.ops), Source("gossip", sender), peer, wait=False, lane=f"gossip:{origin}"
+            )
             if rejected and peer is not None:
                 await self._penalise(peer, PENALTY_INVALID_GOSSIP, f"gossip with {rejected} operations ingest rejected")
         except Exception:  # one message must not end the node: log it, drop it (sync delivers it again)
@@ -331,14 +336,16 @@ class P2PNode:
 
     # --- delivery into the ledger -------------------------------------------------------------------
 
-    async def _deliver(self, ops: list[bytes], source: Source, peer: Peer | None, *, wait: bool) -> int:
-        """Hand `ops` to the ingest queue, keeping back (as orphans) those whose dependencies are neither stored,
-        nor on their way to the ledger, nor among `ops` themselves (in any order: one batch applies them
-        together); returns how many the ledger rejected.
+    async def _deliver(
+        self, ops: list[bytes], source: Source, peer: Peer | None, *, wait: bool, lane: str | None = None
+    ) -> int:
+        """Hand `ops` to the ingest queue (in `lane`, by default the source's), keeping back (as orphans) those
+        whose dependencies are neither stored, nor on their way to the ledger, nor among `ops` themselves (in any
+        order: one batch applies them together); returns how many the ledger rejected.
 
         "On their way" matters: gossip messages are delivered concurrently, so a child's message is often checked
-        before its parent's batch commits; the ingest queue is first in, first out, so a child queued after its
-        parent applies with it."""
+        before its parent's batch commits; a child queued after its parent applies with it or, if its lane is
+        served first, waits in the ledger as pending until the parent's batch commits."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
@@ -385,7 +392,7 @@ class P2PNode:
             return 0
         self._queued.update(present)
         try:
-            receipts = await self.ledger.ingest(ready, source, wait=wait)
+            receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane)
         finally:
             self._queued.subtract(present)
             for cid in present:

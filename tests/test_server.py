@@ -111,3 +111,24 @@ def test_a_client_gone_before_its_body_is_complete_gets_no_answer_and_nothing_is
     dispatcher, seen = _echo()
     assert _post(_state(dispatcher), [CALL[:10]], then_disconnect=True) == []
     assert seen == []
+
+
+def test_events_published_after_the_hub_closed_reach_nobody_and_raise_nothing():
+    """At stop the hub closes before the ingest task drains its queue; a batch committed then used to end the
+    daemon with ClosedResourceError from a subscriber's closed channel (seen stopping a flooded node)."""
+    hub = EventHub(NodeMetrics())
+    with hub.subscribe() as subscription:
+        hub.publish("operation", {"n": 1})
+        hub.close()
+        assert not hub.listening
+        hub.publish("operation", {"n": 2})
+        assert [event["data"] for event in _drain(subscription)] == [{"n": 1}]
+
+
+def _drain(subscription) -> list[dict]:
+    events = []
+    while True:
+        try:
+            events.append(subscription.receive.receive_nowait())
+        except (trio.WouldBlock, trio.EndOfChannel):
+            return events
