@@ -238,3 +238,16 @@ class LocalRetrieval:
             done += len(items)
             self.missing = max(0, self.missing - len(items))
         return done
+
+    def progress(self, catch_up: int = 0) -> dict[str, object]:
+        """The model, its threshold, live experiences and how many lack a vector, counted now. A backlog of at
+        most `catch_up` is embedded first, as a query would (so a node that is nearly done reports done)."""
+        if catch_up:
+            live = self.ledger.indexed()
+            held = self.index.versions()
+            if sum(1 for exp_id, version in live.items() if held.get(exp_id) != version) <= catch_up:
+                self.step(catch_up)
+        live = self.ledger.indexed()
+        held = self.index.versions()
+        missing = sum(1 for exp_id, version in live.items() if held.get(exp_id) != version)
+        return {"model": self.model.name, "threshold": self.model.threshold, "live": len(live), "missing": missing}
