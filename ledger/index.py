@@ -15,6 +15,7 @@ exactly, so nodes holding the same library give the same answer whatever order t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -22,6 +23,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
+
+# onnxruntime (the node-local retrieval model, ledger/local_model.py) crashes the process at import when usearch
+# was loaded before it (a libstdc++ clash, seen with onnxruntime 1.23 to 1.32 and usearch 2.26; 1.22 cannot load
+# the model): this module is where usearch is first imported, so onnxruntime goes first, when installed
+with contextlib.suppress(ImportError):
+    import onnxruntime  # noqa: F401
 from usearch.index import Index
 
 from ledger import codec
@@ -73,7 +80,7 @@ class ExperienceIndex:
         self._key_of: dict[bytes, int] = {}
         self._version: dict[bytes, bytes] = {}  # experience id -> the version CID its vector comes from
         self._next_key = 0
-        self._exact: _ExactVectors | None = None  # built when first needed, dropped above the limit
+        self._exact: ExactVectors | None = None  # built when first needed, dropped above the limit
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -138,7 +145,7 @@ class ExperienceIndex:
         if len(self._ids) <= self._exact_limit:
             if self._exact is None:
                 keys = list(self._ids)
-                self._exact = _ExactVectors(self._dim)
+                self._exact = ExactVectors(self._dim)
                 self._exact.add([self._ids[key] for key in keys], np.stack(self._index.get(np.array(keys, np.uint64))))
             return self._exact.search(unit(query), count)
         matches = self._index.search(query, min(count, len(self._ids)))
@@ -242,7 +249,7 @@ class ExperienceIndex:
 
 def exact_nearest(ids: list[bytes], vectors: np.ndarray, query: np.ndarray, count: int) -> list[tuple[bytes, float]]:
     """The `count` rows nearest `query`, scored exactly as an index of up to `EXACT_SEARCH_LIMIT` scores them."""
-    rows = _ExactVectors(vectors.shape[1])
+    rows = ExactVectors(vectors.shape[1])
     rows.add(ids, vectors)
     return rows.search(unit(np.asarray(query, dtype=np.float32)), count)
 
@@ -255,7 +262,7 @@ def _digest(meta: bytes, index_bytes: bytes | bytearray) -> bytes:
     return hasher.digest()
 
 
-class _ExactVectors:
+class ExactVectors:
     """Every indexed vector as a unit float32 row, for exact search; a removal moves the last row into the gap."""
 
     def __init__(self, dim: int) -> None:
@@ -276,6 +283,14 @@ class _ExactVectors:
         block /= np.where(norms > 0, norms, 1)
         self._row_of.update((exp_id, row) for row, exp_id in enumerate(ids, start))
         self._ids.extend(ids)
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+    def vector(self, exp_id: bytes) -> np.ndarray | None:
+        """The unit row of `exp_id`, or None."""
+        row = self._row_of.get(exp_id)
+        return None if row is None else self._rows[row].copy()
 
     def remove(self, exp_id: bytes) -> None:
         row, last = self._row_of.pop(exp_id), len(self._ids) - 1

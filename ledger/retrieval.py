@@ -10,10 +10,20 @@ import numpy as np
 from ledger.cid import CID
 from ledger.embedder import unit, unpack_float16
 from ledger.ledger import Ledger
+from ledger.local_index import LocalRetrieval
+from ledger.local_model import NETWORK
+from ledger.ops import Experience
+from ledger.records import ExperienceRecord
 from ledger.validation import count_tokens
+from ledger.view import LedgerView
 
 DEFAULT_K = 5
 DEFAULT_BUDGET = 2048  # tokens, as the retrieval seed's "max context length"
+
+
+#: a query embeds at most this many experiences that lack a local vector itself (~12 ms each with MiniLM), so a
+#: library that just grew by a few is ranked by the local model at once, the same on every node
+INLINE_EMBED = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,13 +36,24 @@ class Hit:
     upvotes: int
     downvotes: int
     conflicted: bool  # concurrent modifies disagree: `text` is one of several versions
+    ranked_by: str = NETWORK  # the model whose cosine `score` is: a local model, or the network's embedding
 
 
 class Retriever:
-    """Answers queries from a ledger's index with its network's embedder and thresholds."""
+    """Answers queries from a ledger: with a node-local model where it has vectors, else the network embedding.
 
-    def __init__(self, ledger: Ledger) -> None:
+    A local model's hits and the network's (for experiences not embedded locally yet) are ranked together by how
+    far each score lies above its model's threshold, then by id: the same library gives the same answer.
+    """
+
+    def __init__(self, ledger: Ledger, local: LocalRetrieval | None = None) -> None:
         self._ledger = ledger
+        self.local = local
+
+    @property
+    def threshold(self) -> float:
+        """The default threshold of the model that ranks (the local one's, if any)."""
+        return self.local.model.threshold if self.local else self._ledger.params.relevance_threshold
 
     def _query_vector(self, query: str) -> np.ndarray:
         return unit(self._ledger.embedder.embed([query])[0].astype(np.float32))
@@ -42,41 +63,67 @@ class Retriever:
     ) -> list[Hit]:
         """The k live experiences most similar to `query` above `threshold`, best first.
 
-        Scores are exact float32 cosines against each experience's stored embedding; the HNSW
-        index proposes candidates. With a domain filter the live experiences of that domain are
-        scored exhaustively, so the filter never starves the result.
+        Network scores are exact float32 cosines against each experience's stored embedding; the HNSW index
+        proposes candidates. With a domain filter the live experiences of that domain are scored exhaustively,
+        so the filter never starves the result. `threshold` is the local model's when one ranks; the network
+        embedding's hits then need the same margin above the network's threshold.
         """
         if k <= 0:
             return []
-        threshold = self._ledger.params.relevance_threshold if threshold is None else threshold
-        vector = self._query_vector(query)
+        threshold = self.threshold if threshold is None else threshold
         view = self._ledger.view()
-        if domain_prefix:
-            candidates = view.live_ids(domain_prefix)
-        else:
-            candidates = [exp_id for exp_id, _ in self._ledger.nearest(vector, max(k * 2, k + 8))]
-        hits = []
+        count = max(k * 2, k + 8)
+        vector = self._query_vector(query)
+        candidates = view.live_ids(domain_prefix) if domain_prefix else None
+        if candidates is None:
+            candidates = [exp_id for exp_id, _ in self._ledger.nearest(vector, count)]
+        ranked: dict[bytes, tuple[float, Hit]] = {}
+        unembedded = []
         for exp_id in candidates:
             record = view.experience(exp_id)
             if record is None or not record.live:
                 continue  # never serve a deleted, merged-away or superseded version
+            if self.local and self.local.index.holds(exp_id.raw, record.version.raw):
+                continue  # ranked by the local model below
             content = view.content(record.version)
+            unembedded.append((record, content))
+        network_floor = threshold
+        if self.local:
+            network_floor = self._ledger.params.relevance_threshold + (threshold - self.local.model.threshold)
+            local_vector = self.local.model.embed_query(query)
+            if len(unembedded) <= INLINE_EMBED:
+                self.local.embed([(r.id.raw, r.version.raw, c.text) for r, c in unembedded])
+                unembedded = []
+            if domain_prefix:
+                local_scores = self._local_scores(view.live_ids(domain_prefix), view, local_vector)
+            else:
+                local_scores = self.local.index.search(local_vector, count)
+            for exp_id, score in local_scores:
+                record = view.experience(CID(exp_id))
+                if record is None or not record.live or not self.local.index.holds(exp_id, record.version.raw):
+                    continue  # the index may be ahead of or behind this view
+                if score > threshold:
+                    hit = _hit(record, view.content(record.version), score, self.local.model.name)
+                    ranked[exp_id] = (score - threshold, hit)
+        for record, content in unembedded:
             score = float(unit(unpack_float16(content.embedding.values)) @ vector)
-            if score > threshold:
-                hits.append(
-                    Hit(
-                        exp_id,
-                        content.text,
-                        record.domain,
-                        score,
-                        content.confidence,
-                        record.up,
-                        record.down,
-                        record.conflicted,
-                    )
-                )
-        hits.sort(key=lambda hit: (-hit.score, hit.id.raw))
-        return hits[:k]
+            if score > network_floor:
+                ranked[record.id.raw] = (score - network_floor, _hit(record, content, score, NETWORK))
+        best = sorted(ranked.items(), key=lambda item: (-item[1][0], item[0]))
+        return [hit for _, (_, hit) in best[:k]]
+
+    def _local_scores(self, ids: list[CID], view: LedgerView, query: np.ndarray) -> list[tuple[bytes, float]]:
+        """Exact local scores of the given experiences that have a vector (as the index scores them)."""
+        assert self.local is not None
+        found = []
+        for exp_id in ids:
+            record = view.experience(exp_id)
+            if record is None:
+                continue
+            row = self.local.index.vector(exp_id.raw, record.version.raw)
+            if row is not None:
+                found.append((exp_id.raw, float((row.astype(np.float64) * query.astype(np.float64)).sum())))
+        return found
 
     def context(
         self,
@@ -101,8 +148,22 @@ class Retriever:
         """C(E, Q): the share of queries whose best experience scores above tau (retrieval seed §Coverage)."""
         if not queries:
             return 0.0
-        tau = self._ledger.params.relevance_threshold if tau is None else tau
+        tau = self.threshold if tau is None else tau
         return sum(1 for query in queries if self.retrieve(query, 1, tau)) / len(queries)
+
+
+def _hit(record: ExperienceRecord, content: Experience, score: float, ranked_by: str) -> Hit:
+    return Hit(
+        record.id,
+        content.text,
+        record.domain,
+        score,
+        content.confidence,
+        record.up,
+        record.down,
+        record.conflicted,
+        ranked_by,
+    )
 
 
 def _render(items: list[str], problem: str) -> str:

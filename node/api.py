@@ -22,10 +22,11 @@ from ledger.cid import CID, CIDError
 from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Submission, Verdict
 from ledger.jsonview import JsonViewError, experience_from_json, experience_json
+from ledger.local_model import NETWORK
 from ledger.merkle import ProofError
 from ledger.ops import Block, Experience, Kind
 from ledger.records import ExperienceRecord, Life
-from ledger.retrieval import DEFAULT_BUDGET, DEFAULT_K, Hit
+from ledger.retrieval import DEFAULT_BUDGET, DEFAULT_K, INLINE_EMBED, Hit
 from ledger.view import LedgerView
 from node.jsonrpc import (
     BUSY,
@@ -136,6 +137,7 @@ def hit_json(hit: Hit) -> dict[str, Any]:
         "confidence": hit.confidence,
         "votes": {"upvotes": hit.upvotes, "downvotes": hit.downvotes},
         "conflicted": hit.conflicted,
+        "ranked_by": hit.ranked_by,
     }
 
 
@@ -458,6 +460,13 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
 
         return await node.read(read)
 
+    def retrieval_status() -> dict[str, Any]:
+        local = node.retriever.local
+        if local is None:
+            live = ledger.live_count()
+            return {"model": NETWORK, "threshold": params.relevance_threshold, "live": live, "missing": 0}
+        return local.progress(catch_up=INLINE_EMBED)
+
     @rpc.method("status")
     async def status() -> dict[str, Any]:
         def read() -> dict[str, Any]:
@@ -474,6 +483,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
                 "waiting_for": [str(cid) for cid in missing[:100]],
                 "live_experiences": ledger.live_count(),
                 "index": {"status": ledger.index_status, "indexed": len(ledger.indexed())},
+                "retrieval": retrieval_status(),
                 "ingest_queue": node.queued(),
                 "uptime_seconds": round(time.time() - node.started, 3),
             }

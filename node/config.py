@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ledger.errors import LedgerError
+from ledger.local_model import DEFAULT_MODEL, MODELS, NETWORK
 
 HOME_ENV = "EXPLEDGER_HOME"
 CONFIG_FILE = "config.toml"
@@ -105,8 +106,9 @@ class IngestConfig:
 
 @dataclass(frozen=True, slots=True)
 class RetrievalConfig:
-    #: the model that ranks experiences for a query: "network" ranks with the network's embedding
-    model: str = "network"
+    #: the model that ranks experiences for a query: a node-local model (its vectors are computed in the
+    #: background; until then the network's embedding ranks), or "network" for the network's embedding only
+    model: str = DEFAULT_MODEL
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
-    "retrieval": {"model": (str, '"network"')},
+    "retrieval": {"model": (str, " or ".join(f'"{name}"' for name in (*MODELS, NETWORK)))},
 }
 _SECTIONS = {"rpc": RpcConfig, "p2p": P2PConfig, "log": LogConfig, "ingest": IngestConfig, "retrieval": RetrievalConfig}
 
@@ -208,7 +210,7 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
         case "ingest", "batch":
             return 1 <= value <= 100_000
         case "retrieval", "model":
-            return value == "network"
+            return value == NETWORK or value in MODELS
     return False
 
 
@@ -275,5 +277,7 @@ queue = {ingest.queue}   # submissions waiting for the writer; more are refused
 batch = {ingest.batch}   # operations per synced write, at most
 
 [retrieval]
-model = "{config.retrieval.model}"  # "network": rank with the network's embedding
+# the model that ranks experiences for a query: "{DEFAULT_MODEL}" (computed by this node in the background,
+# the network's embedding meanwhile) or "network" (the network's embedding only)
+model = "{config.retrieval.model}"
 """

@@ -28,12 +28,15 @@ from hypercorn.trio import serve
 from ledger.errors import LedgerError
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
+from ledger.local_index import LocalRetrieval
+from ledger.local_model import load_model
 from ledger.store import write_file_atomically
 from node import api, logs
 from node.config import Config
 from node.events import EventHub
 from node.home import Home
 from node.jsonrpc import Dispatcher
+from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
 from node.server import ServerState, build_app
 from node.service import Node
@@ -73,6 +76,7 @@ class Startup:
     author: AuthorKey
     sock: socket.socket
     peer_key: AuthorKey  # the libp2p identity's seed
+    local: LocalRetrieval | None  # the node-local retrieval model and its index ([retrieval] model)
 
 
 @dataclass
@@ -143,13 +147,15 @@ def start(home: Home, log_level: str | None = None) -> Startup:
     try:
         author = home.author_key()
         peer_key = home.peer_key()
+        model = load_model(config.retrieval.model)  # refused before the data is opened if it cannot be loaded
         ledger = Ledger.open(home.data_dir, params)
     except LedgerError as exc:
         sock.close()
         if exc.code == "store.open" and "lock" in exc.message.lower():
             raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
         raise
-    return Startup(config, ledger, author, sock, peer_key)
+    local = LocalRetrieval(ledger, model) if model is not None else None
+    return Startup(config, ledger, author, sock, peer_key, local)
 
 
 async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
@@ -180,7 +186,10 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     config, ledger = startup.config, startup.ledger
     metrics = NodeMetrics()
     hub = EventHub(metrics)
-    node = Node(ledger, startup.author, config, metrics, hub)
+    node = Node(ledger, startup.author, config, metrics, hub, startup.local)
+    embedding = LocalEmbedding(startup.local) if startup.local else None
+    if embedding:
+        node.committed.append(embedding.committed)
     network = _network(home, startup, node) if config.p2p.listen else None
     dispatcher = Dispatcher(max_batch=config.rpc.max_batch, observer=metrics)
     api.register(dispatcher, node, control.drain, network)
@@ -210,6 +219,8 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
 
     async def shutdown_trigger() -> None:
         await control.drain.wait()
+        if embedding:
+            embedding.stop()
         state.stopping.set()
         hub.close()  # websocket subscribers get close code 1001 instead of waiting for the grace period
 
@@ -239,6 +250,8 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_ingest)
+            if embedding:
+                await nursery.start(embedding.run)
             nursery.start_soon(stop_network)
             p2p_addrs: list[str] = await nursery.start(run_network)
             if p2p_addrs:
@@ -305,6 +318,8 @@ def run(home: Home, log_level: str | None = None) -> int:
         log.warning("interrupted before the signal handler was ready")
     finally:
         startup.sock.close()  # a no-op once hypercorn owns it
+        if startup.local:
+            startup.local.close()
         startup.ledger.close()  # saves the vector index, closes LevelDB
         home.pid_file.unlink(missing_ok=True)
         log.info("stopped")

@@ -27,6 +27,7 @@ from ledger.cid import CID
 from ledger.ingest import Receipt, Source, Submission, Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
+from ledger.local_index import LocalRetrieval
 from ledger.ops import Block, Kind, Operation, sign
 from ledger.retrieval import Retriever
 from ledger.view import LedgerView
@@ -129,13 +130,22 @@ class IngestQueue:
 class Node:
     """A ledger served on trio: the ingest queue and task, reader threads, operations built for clients."""
 
-    def __init__(self, ledger: Ledger, author: AuthorKey, config: Config, metrics: NodeMetrics, hub: EventHub) -> None:
+    def __init__(
+        self,
+        ledger: Ledger,
+        author: AuthorKey,
+        config: Config,
+        metrics: NodeMetrics,
+        hub: EventHub,
+        local: LocalRetrieval | None = None,
+    ) -> None:
+        """`local`: the node-local retrieval model and index, if `[retrieval] model` names one."""
         self.ledger = ledger
         self.author = author
         self.config = config
         self.metrics = metrics
         self.hub = hub
-        self.retriever = Retriever(ledger)
+        self.retriever = Retriever(ledger, local)
         self.started = time.time()
         self.params = ledger.params
         self.node_did = ledger.node_key.did
