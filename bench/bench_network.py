@@ -66,7 +66,10 @@ def node_home(root: Path, name: str, genesis: Path | None, bootstrap: list[str])
     init_home(home, network=genesis, p2p=P2P)
     config = home / "config.toml"
     listed = ", ".join(f'"{addr}"' for addr in bootstrap)
-    config.write_text(config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]"))
+    text = config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]")
+    # no node-local retrieval model: its background embedding would take each daemon's share of the 2 cores
+    # from what this measures (nobody queries here)
+    config.write_text(re.sub(r'(?m)^model = ".*"', 'model = "network"', text))
     return home
 
 
