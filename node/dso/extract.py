@@ -154,9 +154,10 @@ class Limits:
 
     @classmethod
     def capped(cls, most: int | None) -> Limits:
+        base = cls()
         if most is None:
-            return cls()
-        return cls(min(cls.summary, most), min(cls.critique, most), min(cls.consolidation, most))
+            return base
+        return cls(min(base.summary, most), min(base.critique, most), min(base.consolidation, most))
 
 
 # --- the rollouts file --------------------------------------------------------------------------------------

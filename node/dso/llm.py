@@ -96,7 +96,7 @@ class StageUsage:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class LlmClient:
     """Chat completions with retries, backoff, format negotiation and per-purpose usage counts."""
 
@@ -205,6 +205,8 @@ class LlmClient:
                 failure: Exception = exc
             except openai.APIConnectionError as exc:  # time-outs included
                 failure = exc
+            except ValueError as exc:  # a body that is not the JSON of a completion (a proxy's error page)
+                failure = exc
             why = _why(failure)
             if attempt == attempts:
                 if isinstance(failure, openai.APIConnectionError):
@@ -238,6 +240,8 @@ def _why(exc: Exception) -> str:
     status = getattr(exc, "status_code", None)
     if status is not None:
         return f"HTTP {status}"
+    if isinstance(exc, ValueError):
+        return f"a malformed answer: {exc}"
     return "timed out" if "Timeout" in type(exc).__name__ else f"connection failed: {exc}"
 
 

@@ -116,7 +116,7 @@ def check_proposal(
     if option in ("modify", "delete"):
         name = next((item[key] for key in _ID_KEYS if key in item), None)
         if name is None:
-            raise Rejected("op.missing_id", f"a {option} names no experience (old_id or exp_id)")
+            raise Rejected("op.missing_id", f"{option}: names no experience (old_id or exp_id)")
         targets.append(_known(name, ids, shown))
     if option == "merge":
         names = item.get("exp_ids")
@@ -131,7 +131,7 @@ def check_proposal(
     if option != "delete":
         text = item.get("experience")
         if not isinstance(text, str) or not text.strip():
-            raise Rejected("op.missing_text", f"a {option} without an experience text")
+            raise Rejected("op.missing_text", f"{option}: no experience text")
         text = " ".join(text.split())
         errors = check_text(text, params, "experience")
         if errors:

@@ -28,7 +28,7 @@ EMPTY_LIBRARY = "(none yet)"
 #: what the policy model is told besides the context template, so its final answer can be graded
 ANSWER_INSTRUCTION = "Solve the problem step by step. End with a last line of the form 'Answer: <final answer>'."
 #: the experience field: at most one sentence opening with a context clause (the ledger checks the rest)
-_EXPERIENCE = {"type": "string", "minLength": 10, "maxLength": 300, "pattern": "^(When|For|If) [^,]+, .+$"}
+EXPERIENCE_SCHEMA = {"type": "string", "minLength": 10, "maxLength": 300, "pattern": "^(When|For|If) [^,]+, .+$"}
 
 
 @cache
@@ -105,7 +105,7 @@ def operations_schema(options: Sequence[str], most: int) -> dict[str, Any]:
         "type": "object",
         "properties": {
             "option": {"type": "string", "enum": list(options)},
-            "experience": _EXPERIENCE,
+            "experience": EXPERIENCE_SCHEMA,
             "old_id": {"type": "string"},
             "exp_id": {"type": "string"},
             "exp_ids": {"type": "array", "items": {"type": "string"}, "maxItems": 16},
