@@ -127,9 +127,12 @@ class Curator:
         log.info(
             "curator: on, model endpoint %s, a pass every %d s", self.llm.settings.base_url, self.config.curate_interval
         )
+        passes = 0
         while True:
+            passes += 1
             try:
-                await self.curate()
+                done = await self.curate()
+                log.debug("curator: pass %d: %d resolved, %d merged", passes, done["resolved"], done["merged"])
             except LlmError as exc:
                 log.error(
                     "curator: the model failed (%s: %s); next pass in %d s",
@@ -186,8 +189,8 @@ class Curator:
         for record in view.experiences():
             if not record.live or record.conflicted or record.version in self._examined:
                 continue
-            self._examined.add(record.version)
             content = view.content(record.version)
+            pending = False
             vector = unit(unpack_float16(content.embedding.values))
             for other_id, cosine in ledger.nearest(vector, NEIGHBOURS + 1):
                 if other_id == record.id or cosine < self.config.curate_similarity:
@@ -196,8 +199,9 @@ class Curator:
                 if other is None or not other.live or other.conflicted:
                     continue
                 first, second = sorted((record.id, other_id), key=lambda cid: cid.raw)
-                if (first, second) in self._decided:
+                if (first, second) in self._decided or self._attempts.get((first, second), 0) >= MAX_ATTEMPTS:
                     continue
+                pending = True
                 texts = (
                     (content.text, view.content(other.version).text)
                     if first == record.id
@@ -207,6 +211,8 @@ class Curator:
                 found[(first.raw, second.raw)] = Pair(
                     first, second, texts, record.domain, max(content.confidence, other_confidence), cosine
                 )
+            if not pending:  # examined again only while one of its candidate pairs awaits a decision
+                self._examined.add(record.version)
         return list(found.values())
 
     # --- decisions ------------------------------------------------------------------------------------------
