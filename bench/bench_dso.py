@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:<12} {found['calls'] / groups:>6.1f} {found['seconds'] / groups:>8.2f} "
             f"{found['prompt_tokens'] / groups:>11.0f} {found['completion_tokens'] / groups:>10.0f} {speed:>7.0f}"
         )
-    base_usage, base_groups, base_wall = results["instant"]
+    _, base_groups, base_wall = results["instant"]
     model_seconds = sum(found["seconds"] for found in usage.values()) / groups
     print(f"{'total':<12} {'':>6} {wall / groups:>8.2f}   (wall time per group; model calls {model_seconds:.2f} s)")
     print(f"baseline (instant fake model, same pipeline): {base_wall / base_groups:.3f} s per group")
