@@ -1,6 +1,6 @@
 """DSO extraction benchmark: seconds and tokens per group for each stage, with the bundled SmolLM2-135M.
 
-Usage: python -m bench.bench_dso [--rounds 2] [--max-tokens 256] [--rollouts data/dso/rollouts.jsonl]
+Usage: python -m bench.bench_dso [--rounds 1] [--max-tokens 128] [--rollouts data/dso/rollouts.jsonl]
 
 A real daemon (with a few experiences) and the real model served by llama.cpp (node.dso.smollm) on
 127.0.0.1; the extraction runs in this process, as `expledger dso extract` runs it, --rounds times over the
@@ -79,8 +79,8 @@ def measure(url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int) 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rollouts", type=Path, default=ROOT / "data" / "dso" / "rollouts.jsonl")
     args = parser.parse_args(argv)
     missing = smollm_missing()
