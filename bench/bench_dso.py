@@ -56,7 +56,8 @@ def instant(request: dict[str, Any]) -> Reply:
 
 
 def measure(url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int) -> tuple[dict[str, Any], int, float]:
-    """Per-stage usage over `rounds` extractions, the mixed groups they handled, and the wall time."""
+    """Per-stage usage over `rounds` extractions, the mixed groups they handled, and the wall time; prints what
+    the extractions made of the model's answers."""
     params = NetworkParams.from_file(home / "network.json")
     llm = LlmClient(LlmSettings.resolve(LlmConfig(timeout=600), {}, base_url=url))
     node = NodeLink(Client(Home(home)))
@@ -70,6 +71,7 @@ def measure(url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int) 
         blocks, report = extractor.extract(groups)
         submit(node, blocks, report)
         mixed += report.groups - report.skipped_uniform
+        print(f"bench_dso: {url}: {json.dumps(report.to_json())}", file=sys.stderr)
     return (
         {name: llm.usage[name].to_json() for name in STAGES if name in llm.usage},
         mixed,
