@@ -29,6 +29,7 @@ from ledger.params import NetworkParams
 from ledger.validation import check_embeddings, examine
 from node import client
 from node.config import HOME_ENV, default_home
+from node.dso import cli as dso_cli
 from node.home import Home
 
 EXIT_INVALID = 1
@@ -456,6 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--detach", action="store_true", help="run in the background (logs to HOME/daemon.log); return once it is ready"
     )
     client.add_commands(commands, common)
+    dso_cli.add_commands(commands, common)
 
     commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
@@ -530,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return daemon.run(Home(args.home), args.log_level)
         if args.command == "id":
             return cmd_id(args)
+        if args.command == "dso":
+            return dso_cli.run(args)
         if getattr(args, "client_command", None) == "submit":
             return client.run_command(args, _inspected_bytes(args.source, params))
         if getattr(args, "client_command", None):

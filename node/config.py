@@ -45,6 +45,7 @@ DEFAULT_P2P_PORT = 4645
 _MAX_CONFIG_BYTES = 256 * 1024
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("auto", "text", "json")
+LLM_RESPONSE_FORMATS = ("auto", "json_schema", "json_object", "none")
 
 
 class ConfigError(LedgerError):
@@ -112,12 +113,33 @@ class RetrievalConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LlmConfig:
+    """An OpenAI-compatible chat endpoint for `expledger dso` and the curator; EXPLEDGER_LLM_* variables override it."""
+
+    base_url: str = "http://127.0.0.1:8080/v1"
+    #: "" asks the server for its models and takes the first (llama.cpp, vLLM and Ollama serve one by default)
+    model: str = ""
+    #: prefer the EXPLEDGER_LLM_API_KEY variable: config.toml is not a place for secrets
+    api_key: str = ""
+    timeout: int = 120  # seconds per request
+    max_retries: int = 4  # after a time-out, a connection error, a 429 or a 5xx, with exponential backoff
+    #: "auto" tries a JSON schema, then a JSON object, then plain text (tolerant parsing) as the server allows
+    response_format: str = "auto"
+    #: the daemon curates: resolves conflicted experiences and merges paraphrases, signed by its author key
+    curate: bool = False
+    curate_interval: int = 60  # seconds between curation passes
+    curate_similarity: float = 0.9  # live experiences at least this similar (cosine) are candidates for a merge
+    curate_calls_per_minute: int = 10  # LLM calls the curator makes at most
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     rpc: RpcConfig = RpcConfig()
     p2p: P2PConfig = P2PConfig()
     log: LogConfig = LogConfig()
     ingest: IngestConfig = IngestConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
+    llm: LlmConfig = LlmConfig()
 
 
 #: per section, each key with its expected type and a check of its value (None: any value of the type)
@@ -138,8 +160,27 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
     "retrieval": {"model": (str, " or ".join(f'"{name}"' for name in (*MODELS, NETWORK)))},
+    "llm": {
+        "base_url": (str, "an http:// or https:// URL"),
+        "model": (str, "a model name of at most 200 characters"),
+        "api_key": (str, "a key of at most 500 printable characters"),
+        "timeout": (int, "seconds, an integer from 1 to 3600"),
+        "max_retries": (int, "an integer from 0 to 20"),
+        "response_format": (str, " or ".join(LLM_RESPONSE_FORMATS)),
+        "curate": (bool, "true or false"),
+        "curate_interval": (int, "seconds, an integer from 1 to 86400"),
+        "curate_similarity": (float, "a cosine from 0.5 to 1.0"),
+        "curate_calls_per_minute": (int, "an integer from 1 to 10000"),
+    },
 }
-_SECTIONS = {"rpc": RpcConfig, "p2p": P2PConfig, "log": LogConfig, "ingest": IngestConfig, "retrieval": RetrievalConfig}
+_SECTIONS = {
+    "rpc": RpcConfig,
+    "p2p": P2PConfig,
+    "log": LogConfig,
+    "ingest": IngestConfig,
+    "retrieval": RetrievalConfig,
+    "llm": LlmConfig,
+}
 
 
 def load_config(path: Path) -> Config:
@@ -211,6 +252,26 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1 <= value <= 100_000
         case "retrieval", "model":
             return value == NETWORK or value in MODELS
+        case "llm", "base_url":
+            return re.fullmatch(r"https?://[^\s]+", value) is not None and len(value) <= 500
+        case "llm", "model":
+            return len(value) <= 200 and value.isprintable()
+        case "llm", "api_key":
+            return len(value) <= 500 and value.isprintable()
+        case "llm", "timeout":
+            return 1 <= value <= 3600
+        case "llm", "max_retries":
+            return 0 <= value <= 20
+        case "llm", "response_format":
+            return value in LLM_RESPONSE_FORMATS
+        case "llm", "curate":
+            return True
+        case "llm", "curate_interval":
+            return 1 <= value <= 86_400
+        case "llm", "curate_similarity":
+            return 0.5 <= value <= 1.0
+        case "llm", "curate_calls_per_minute":
+            return 1 <= value <= 10_000
     return False
 
 
@@ -280,4 +341,11 @@ batch = {ingest.batch}   # operations per synced write, at most
 # the model that ranks experiences for a query: "{DEFAULT_MODEL}" (computed by this node in the background,
 # the network's embedding meanwhile) or "network" (the network's embedding only)
 model = "{config.retrieval.model}"
+
+# [llm]
+# An OpenAI-compatible chat endpoint for `expledger dso` and curation (see README). Environment
+# variables EXPLEDGER_LLM_BASE_URL, EXPLEDGER_LLM_MODEL and EXPLEDGER_LLM_API_KEY override it.
+# base_url = "http://127.0.0.1:8080/v1"
+# model = ""               # "": the server's first model
+# curate = false           # true: this daemon resolves conflicts and merges paraphrases with the LLM
 """

