@@ -1,0 +1,3 @@
+"""Benchmarks. `ledger` is imported first: it must load before usearch (see ledger/__init__.py)."""
+
+import ledger  # noqa: F401

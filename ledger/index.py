@@ -15,7 +15,6 @@ exactly, so nodes holding the same library give the same answer whatever order t
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
@@ -23,13 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
-
-# onnxruntime (the node-local retrieval model, ledger/local_model.py) crashes the process at import when usearch
-# was loaded before it (a libstdc++ clash, seen with onnxruntime 1.23 to 1.32 and usearch 2.26; 1.22 cannot load
-# the model): this module is where usearch is first imported, so onnxruntime goes first, when installed
-with contextlib.suppress(ImportError):
-    import onnxruntime  # noqa: F401
-from usearch.index import Index
+from usearch.index import Index  # after ledger/__init__.py has loaded the system libstdc++
 
 from ledger import codec
 from ledger.cid import CID_LENGTH

@@ -4,6 +4,8 @@ embedding across restarts and kill -9."""
 import json
 import random
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -219,3 +221,15 @@ def test_background_embedding_survives_kill_9_and_resumes_after_a_restart(tmp_pa
     with running(home) as third:  # a clean stop and start: everything still there
         assert _status(third)["missing"] == 0
         assert third.call("retrieve", {"query": SET["problems"][0]["problem"], "k": 3})["hits"] == answer
+
+
+@pytest.mark.parametrize(
+    "imports",
+    ["import ledger, usearch.index", "import bench.bench_index", "import bench.bench_network"],
+)
+def test_the_retrieval_model_loads_whatever_was_imported_before_it(imports):
+    """usearch exports a static libstdc++ that crashed onnxruntime's import when usearch came first (SIGSEGV in
+    bench_network); ledger/__init__.py loads the system one first."""
+    code = f"{imports}\nfrom ledger.local_model import MiniLMInt8\nMiniLMInt8().embed_query('a')"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
