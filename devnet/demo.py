@@ -203,10 +203,13 @@ def run(devnet: Devnet, say: Callable[[str], None]) -> dict[str, Any]:
     for node in nodes:
         client = node.client()
         conflict = client.call("get", id=str(target.cid))["library"]
+        history = client.call("history", id=str(target.cid))["operations"]
+        modified = next(op["status"] for op in history if op["cid"] == str(plan.modify.cid))
         original = client.call("get", id=str(duplicated.cid))["library"]
         say(
-            f"  {node.name}: {library['conflict']['target']} {conflict['status']}, "
-            f"{library['near_duplicate']['of']} {original['status']} with support {original['support']}"
+            f"  {node.name}: {library['conflict']['target']} {conflict['status']} (the modify: {modified['outcome']}, "
+            f"{modified.get('code')}); {library['near_duplicate']['of']} {original['status']} with support "
+            f"{original['support']}"
         )
         if conflict["status"] != "deleted" or original["support"] != 2 or original["status"] != "live":
             raise DevnetError("demo.rules", f"{node.name} does not hold the verdicts the protocol requires")
