@@ -108,10 +108,9 @@ class NodeSpec:
         """The daemon's pid while its process lives; None when stopped (or only a stale pid file is left)."""
         try:
             pid = int(self.home.pid_file.read_text().strip())
-            os.kill(pid, 0)
         except (OSError, ValueError):
             return None
-        return pid
+        return pid if _alive(pid) else None
 
     def state(self) -> str:
         """running, stopped, or crashed: a pid file whose process is gone (killed; its cookie may be stale)."""
@@ -399,18 +398,20 @@ class Devnet:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs. A killed daemon whose parent has not reaped it yet (the detached daemon's
+    parent is init, or a container's first process, which may never reap) is a zombie: dead, though
+    `kill(pid, 0)` still succeeds."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    # a child of ours that exited stays a zombie until reaped; a detached daemon is not our child
     try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return reaped == 0
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): kill(pid, 0) is all there is to know
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # the state field follows the command's ")"
 
 
 def _node_status(node: NodeSpec) -> dict[str, Any]:
