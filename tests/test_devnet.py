@@ -277,16 +277,16 @@ def test_logs_then_down_clean_removes_the_devnet(demo):
     follow = subprocess.Popen(
         [str(BIN / "expledger"), "devnet", "logs", "node1", "-f"],
         stdout=subprocess.PIPE,
-        text=True,
+        bufsize=0,  # unbuffered: select() sees every byte not read yet
         env=environment(devnet, None),
     )
     assert follow.stdout is not None
     try:
         deadline = time.monotonic() + 60
-        seen = ""
-        while "ready: RPC on" not in seen and select.select([follow.stdout], [], [], deadline - time.monotonic())[0]:
+        seen = b""
+        while b"ready: RPC on" not in seen and select.select([follow.stdout], [], [], deadline - time.monotonic())[0]:
             seen = follow.stdout.readline()
-        assert "ready: RPC on" in seen  # node1's log, printed whole before following it
+        assert b"ready: RPC on" in seen  # node1's log, printed whole before following it
     finally:
         follow.send_signal(signal.SIGINT)
         status = follow.wait(60)
