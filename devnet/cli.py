@@ -352,7 +352,7 @@ def cmd_join(args: argparse.Namespace, path: Path) -> int:
         running = devnet.running()
         if not running:
             raise DevnetError("devnet.stopped", f"no node of the devnet in {path} is running; give --bootstrap")
-        bootstrap = [f"{node.p2p_listen}/p2p/{node.peer_id()}" for node in running]
+        bootstrap = [f"{node.p2p_listen}/p2p/{devnet.peer_id(node)}" for node in running]
         params = params or NetworkParams.from_file(devnet.network_file)
     home = Home(args.home)
     for line in join(home, bootstrap, params, args.rpc, args.p2p):

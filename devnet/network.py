@@ -30,7 +30,6 @@ from ledger.errors import LedgerError
 from ledger.params import NetworkParams
 from node.client import Client, DaemonUnavailable, RpcFailed
 from node.config import LogConfig, check_value, load_config, render_config
-from node.daemon import LOG_FILE
 from node.home import Home
 
 DIR_ENV = "EXPLEDGER_DEVNET"
@@ -46,6 +45,8 @@ NETWORK = "network.json"
 WAIT_TIMEOUT = 240.0
 POLL = 0.25
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+#: node.daemon.LOG_FILE, where a detached daemon logs (importing node.daemon loads libp2p: 0.5 s per command)
+LOG_FILE = "daemon.log"
 
 EXIT_STATE = 1  # the devnet is not in a state that allows the command (already running, not converging)
 EXIT_USAGE = 2  # bad arguments or unusable input: an unknown node, a port in use, a foreign directory
@@ -99,7 +100,8 @@ class NodeSpec:
         return self.home.path / LOG_FILE
 
     def peer_id(self) -> str:
-        """The libp2p peer id, from the home's p2p.key (libp2p loads only when a command needs it)."""
+        """The libp2p peer id, from the home's p2p.key (libp2p loads only when a command needs it; the
+        manifest keeps every node's, so `status` does without)."""
         from p2p.host import key_pair, peer_id
 
         return str(peer_id(key_pair(self.home.peer_key().seed)))
@@ -178,10 +180,16 @@ def check_ports(nodes: Iterable[NodeSpec]) -> None:
 class Devnet:
     """The devnet in one directory, as its manifest describes it."""
 
-    def __init__(self, path: Path, count: int, base_port: int) -> None:
+    def __init__(self, path: Path, count: int, base_port: int, peer_ids: dict[str, str] | None = None) -> None:
         self.path = path
         self.base_port = base_port
         self.nodes = [NodeSpec(i, Home(path / f"node{i}"), *ports_of(i, base_port)) for i in range(1, count + 1)]
+        self._peer_ids = dict(peer_ids or {})
+
+    def peer_id(self, node: NodeSpec) -> str:
+        if node.name not in self._peer_ids:
+            self._peer_ids[node.name] = node.peer_id()
+        return self._peer_ids[node.name]
 
     @property
     def network_file(self) -> Path:
@@ -203,12 +211,14 @@ class Devnet:
             )
         try:
             raw = json.loads(manifest.read_text())
-            count, base_port = raw["nodes"], raw["base_port"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+            count, base_port, peer_ids = raw["nodes"], raw["base_port"], raw.get("peer_ids", {})
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise DevnetError("devnet.manifest", f"{manifest}: unreadable ({exc})", EXIT_USAGE) from None
         if type(count) is not int or type(base_port) is not int or not 1 <= count <= MAX_NODES:
             raise DevnetError("devnet.manifest", f"{manifest}: nodes or base_port is not a valid number", EXIT_USAGE)
-        return cls(path, count, base_port)
+        if not isinstance(peer_ids, dict) or not all(isinstance(value, str) for value in peer_ids.values()):
+            raise DevnetError("devnet.manifest", f"{manifest}: peer_ids is not a map of node names to peer ids", 2)
+        return cls(path, count, base_port, peer_ids)
 
     @classmethod
     def create(cls, path: Path, count: int, base_port: int, params: NetworkParams) -> Devnet:
@@ -225,7 +235,7 @@ class Devnet:
         devnet.network_file.write_text(params.to_json())
         for node in devnet.nodes:
             node.home.init(params, node.rpc_listen, node.p2p_listen)
-        peer_ids = {node.index: node.peer_id() for node in devnet.nodes}
+        peer_ids = {node.index: devnet.peer_id(node) for node in devnet.nodes}
         for node in devnet.nodes:
             config = load_config(node.home.config_file)
             bootstrap = tuple(
@@ -237,7 +247,8 @@ class Devnet:
                 log=LogConfig(level=config.log.level, format="text"),  # `devnet logs` is read by people
             )
             node.home.config_file.write_text(render_config(config))
-        (path / MANIFEST).write_text(json.dumps({"nodes": count, "base_port": base_port}, indent=2) + "\n")
+        manifest = {"nodes": count, "base_port": base_port, "peer_ids": devnet._peer_ids}
+        (path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         return devnet
 
     def node_at(self, index: int) -> NodeSpec:
@@ -293,7 +304,7 @@ class Devnet:
 
     def wait_connected(self, nodes: list[NodeSpec], say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> None:
         """Wait until each of `nodes` is connected to every running neighbour, saying so node by node."""
-        peer_ids = {node.index: node.peer_id() for node in self.nodes}
+        peer_ids = {node.index: self.peer_id(node) for node in self.nodes}
         started = time.monotonic()
         waiting = {node.index: "not answering yet" for node in nodes}
         next_progress = started + PROGRESS_EVERY
@@ -386,7 +397,7 @@ class Devnet:
 
     def status(self) -> dict[str, Any]:
         """One entry per node (what its RPC says, or why there is nothing to say) and whether the roots agree."""
-        rows = [_node_status(node) for node in self.nodes]
+        rows = [_node_status(node, self.peer_id(node)) for node in self.nodes]
         roots = {row["state_root"] for row in rows if row["state_root"]}
         answering = [row for row in rows if row["state_root"]]
         return {
@@ -414,12 +425,12 @@ def _alive(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # the state field follows the command's ")"
 
 
-def _node_status(node: NodeSpec) -> dict[str, Any]:
+def _node_status(node: NodeSpec, peer_id: str) -> dict[str, Any]:
     row: dict[str, Any] = {
         "name": node.name,
         "state": node.state(),
         "pid": node.pid(),
-        "peer_id": node.peer_id(),
+        "peer_id": peer_id,
         "rpc": f"http://{node.rpc_listen}/",
         "p2p": node.p2p_listen,
         "peers": None,
