@@ -9,6 +9,7 @@ directory that is not a devnet), 3 no devnet in the directory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from devnet.network import (
     MAX_NODES,
     Devnet,
     DevnetError,
+    NodeSpec,
     check_base_port,
     check_ports,
     default_base_port,
@@ -283,36 +285,37 @@ def cmd_status(args: argparse.Namespace, path: Path) -> int:
 def cmd_logs(args: argparse.Namespace, path: Path) -> int:
     devnet = Devnet.load(path)
     nodes = devnet.select(args.nodes) if args.nodes else devnet.nodes
+    with contextlib.suppress(KeyboardInterrupt):  # how `logs -f` ends; also a reader who stops a long listing
+        _print_logs(nodes, args.tail, args.follow)
+    return 0
+
+
+def _print_logs(nodes: list[NodeSpec], tail: int | None, follow: bool) -> None:
     prefix = len(nodes) > 1
     width = max(len(node.name) for node in nodes)
     positions = {}
     for node in nodes:
         data = node.log_file.read_bytes() if node.log_file.exists() else b""
         lines = data.decode(errors="replace").splitlines()
-        if args.tail is not None:
-            lines = lines[-args.tail :] if args.tail > 0 else []
+        if tail is not None:
+            lines = lines[-tail:] if tail > 0 else []
         for line in lines:
             say(f"{node.name.ljust(width)} | {line}" if prefix else line)
         positions[node.name] = len(data)
-    if not args.follow:
-        return 0
     partial = dict.fromkeys(positions, b"")
-    try:
-        while True:
-            for node in nodes:
-                if not node.log_file.exists():
-                    continue
-                with open(node.log_file, "rb") as handle:
-                    handle.seek(positions[node.name])
-                    data = handle.read()
-                positions[node.name] += len(data)
-                *complete, partial[node.name] = (partial[node.name] + data).split(b"\n")
-                for line in complete:
-                    text = line.decode(errors="replace")
-                    say(f"{node.name.ljust(width)} | {text}" if prefix else text)
-            time.sleep(FOLLOW_POLL)
-    except KeyboardInterrupt:
-        return 0
+    while follow:
+        for node in nodes:
+            if not node.log_file.exists():
+                continue
+            with open(node.log_file, "rb") as handle:
+                handle.seek(positions[node.name])
+                data = handle.read()
+            positions[node.name] += len(data)
+            *complete, partial[node.name] = (partial[node.name] + data).split(b"\n")
+            for line in complete:
+                text = line.decode(errors="replace")
+                say(f"{node.name.ljust(width)} | {text}" if prefix else text)
+        time.sleep(FOLLOW_POLL)
 
 
 def cmd_stop(args: argparse.Namespace, path: Path) -> int:

@@ -217,7 +217,9 @@ class Devnet:
         if type(count) is not int or type(base_port) is not int or not 1 <= count <= MAX_NODES:
             raise DevnetError("devnet.manifest", f"{manifest}: nodes or base_port is not a valid number", EXIT_USAGE)
         if not isinstance(peer_ids, dict) or not all(isinstance(value, str) for value in peer_ids.values()):
-            raise DevnetError("devnet.manifest", f"{manifest}: peer_ids is not a map of node names to peer ids", 2)
+            raise DevnetError(
+                "devnet.manifest", f"{manifest}: peer_ids is not a map of node names to peer ids", EXIT_USAGE
+            )
         return cls(path, count, base_port, peer_ids)
 
     @classmethod
@@ -303,7 +305,10 @@ class Devnet:
             )
 
     def wait_connected(self, nodes: list[NodeSpec], say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> None:
-        """Wait until each of `nodes` is connected to every running neighbour, saying so node by node."""
+        """Wait until each of `nodes` is connected to the running nodes it dials and to those of its neighbours
+        that started with it, saying so node by node. (A neighbour that ran all along redials a restarted node
+        with a backoff of up to 30 s: not worth a wait, the node is connected through its own dials.)"""
+        started_together = {node.index for node in nodes}
         peer_ids = {node.index: self.peer_id(node) for node in self.nodes}
         started = time.monotonic()
         waiting = {node.index: "not answering yet" for node in nodes}
@@ -311,7 +316,11 @@ class Devnet:
         while waiting:
             for index in list(waiting):
                 node = self.node_at(index)
-                expected = {n for n in neighbours_of(index, len(self.nodes)) if self.node_at(n).state() == "running"}
+                expected = {
+                    n
+                    for n in neighbours_of(index, len(self.nodes))
+                    if (n in started_together or n in bootstrap_of(index)) and self.node_at(n).state() == "running"
+                }
                 try:
                     table = node.client(timeout=10).call("peers")
                 except (DaemonUnavailable, RpcFailed) as exc:

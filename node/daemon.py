@@ -322,13 +322,16 @@ def detach(home: Home, log_level: str | None = None) -> int:
         if not select.select([child.stdout], [], [], remaining)[0]:
             continue
         line = child.stdout.readline().decode(errors="replace").strip()
-        if not line:  # it exited before it was ready
+        if not line:  # it is exiting before it was ready
             break
         if line.startswith("expledger daemon ready"):  # the daemon's only line on stdout
             child.stdout.close()
             print(f"{line} (pid {child.pid}, logs in {log_path})")
             return 0
-    status = child.poll()
+    try:  # stdout closes early in the interpreter's shutdown: the exit itself can come much later under load
+        status: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        status = None
     if status is None:
         child.terminate()
         print(
