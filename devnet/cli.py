@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -203,11 +204,25 @@ def _demo(devnet: Devnet) -> int:
     demo.run(devnet, say)
     say("")
     print_status(devnet.status())
+    command = _expledger()
     say(
-        f"\nthe devnet keeps running in {devnet.path}. Next: `expledger devnet status`, "
-        "`expledger devnet logs node1`, `expledger devnet down --clean` (stops it and deletes its data)"
+        f"\nthe devnet keeps running in {devnet.path}. Next: `{command} devnet status`, "
+        f"`{command} devnet logs node1`, `{command} devnet down --clean` (stops it and deletes its data)"
     )
     return 0
+
+
+def _expledger() -> str:
+    """How the user can call this very CLI: `expledger` when PATH finds it, else its path (scripts/demo.sh
+    runs .venv's without activating it)."""
+    beside = Path(sys.executable).parent / "expledger"
+    found = shutil.which("expledger")
+    if found and Path(found).resolve() == beside.resolve():
+        return "expledger"
+    try:
+        return str(beside.relative_to(Path.cwd()))
+    except ValueError:
+        return str(beside)
 
 
 def _short(text: str | None, head: int, tail: int = 0) -> str:

@@ -181,7 +181,7 @@ def test_the_demo_converges_and_another_node_retrieves_the_experience(demo):
     assert f"PYTHONPATH={demo['clone']}".encode() in environ
 
 
-def test_up_on_a_running_devnet_says_so_and_starts_nothing(demo):
+def test_up_on_a_running_devnet_says_so_and_starts_only_what_is_down(demo):
     devnet = demo["devnet"]
     pids = {home.name: (home / "daemon.pid").read_text() for home in node_homes(devnet)}
     again = devnet_cli(devnet, "up")
@@ -191,6 +191,14 @@ def test_up_on_a_running_devnet_says_so_and_starts_nothing(demo):
     assert {home.name: (home / "daemon.pid").read_text() for home in node_homes(devnet)} == pids
     start = devnet_cli(devnet, "start", "node2")
     assert start.returncode == 1 and "already running: node2" in start.stderr
+
+    assert devnet_cli(devnet, "stop", "node2").returncode == 0
+    partly = devnet_cli(devnet, "up")  # brings up what is down, and only that
+    assert partly.returncode == 0, partly.stderr
+    assert "1 of 3 nodes running" not in partly.stdout and "2 of 3 nodes running" in partly.stdout
+    assert "starting 1 daemon(s): node2" in partly.stdout and "devnet up: 3 nodes" in partly.stdout
+    for name in ("node1", "node3"):
+        assert (devnet / name / "daemon.pid").read_text() == pids[name]
 
 
 def test_a_port_in_use_is_named_with_its_node_and_nothing_is_made(demo, tmp_path):
