@@ -328,7 +328,9 @@ def detach(home: Home, log_level: str | None = None) -> int:
             child.stdout.close()
             print(f"{line} (pid {child.pid}, logs in {log_path})")
             return 0
-    try:  # stdout closes early in the interpreter's shutdown: the exit itself can come much later under load
+    # the pipe ends when the child's files close, before its exit is reported: tearing down a process this
+    # large takes a while (seconds under load), so wait for the exit rather than poll once
+    try:
         status: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         status = None
