@@ -30,7 +30,7 @@ from ledger.errors import LedgerError
 from ledger.params import NetworkParams
 from node.client import Client, DaemonUnavailable, RpcFailed
 from node.config import LogConfig, check_value, load_config, render_config
-from node.home import Home
+from node.home import Home, process_alive
 
 DIR_ENV = "EXPLEDGER_DEVNET"
 BASE_PORT_ENV = "EXPLEDGER_DEVNET_BASE_PORT"
@@ -112,7 +112,7 @@ class NodeSpec:
             pid = int(self.home.pid_file.read_text().strip())
         except (OSError, ValueError):
             return None
-        return pid if _alive(pid) else None
+        return pid if process_alive(pid) else None
 
     def state(self) -> str:
         """running, stopped, or crashed: a pid file whose process is gone (killed; its cookie may be stale)."""
@@ -379,7 +379,7 @@ class Devnet:
         deadline = time.monotonic() + timeout
         while pending:
             for name, (node, pid) in list(pending.items()):
-                if not _alive(pid):
+                if not process_alive(pid):
                     del pending[name]
                     node.home.pid_file.unlink(missing_ok=True)  # gone already after a clean stop
                     say(f"  {name} stopped")
@@ -415,23 +415,6 @@ class Devnet:
             "answering": len(answering),
             "roots_agree": len(roots) == 1 and len(answering) == len(rows),
         }
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs. A killed daemon whose parent has not reaped it yet (the detached daemon's
-    parent is init, or a container's first process, which may never reap) is a zombie: dead, though
-    `kill(pid, 0)` still succeeds."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no /proc (not Linux): kill(pid, 0) is all there is to know
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # the state field follows the command's ")"
 
 
 def _node_status(node: NodeSpec, peer_id: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from ledger.store import write_file_atomically
 from node import api, logs
 from node.config import Config
 from node.events import EventHub
-from node.home import Home
+from node.home import Home, process_alive
 from node.jsonrpc import Dispatcher
 from node.metrics import NodeMetrics
 from node.server import ServerState, build_app
@@ -101,13 +101,13 @@ def _multiaddr_host_port(addr: str) -> tuple[str, int]:
 
 
 def _running_daemon(home: Home) -> int | None:
-    """The pid of a live daemon on this home, from its pid file (a stale file, whose process is gone, is ignored)."""
+    """The pid of a live daemon on this home, from its pid file (a stale file, whose process is gone or a zombie,
+    is ignored)."""
     try:
         pid = int(home.pid_file.read_text().strip())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid if pid != os.getpid() else None
+    return pid if pid != os.getpid() and process_alive(pid) else None
 
 
 def start(home: Home, log_level: str | None = None) -> Startup:

@@ -34,7 +34,7 @@ from devnet.network import port_free
 from ledger.params import NetworkParams
 from node.cli import build_parser as node_parser
 from node.client import Client
-from node.home import Home
+from node.home import Home, process_alive
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "DEVNET.md"
@@ -413,3 +413,31 @@ def test_the_devnet_reads_the_log_the_daemon_writes():
     from node.daemon import LOG_FILE  # devnet keeps its own copy: importing the daemon loads libp2p
 
     assert network.LOG_FILE == LOG_FILE
+
+
+def test_a_zombie_in_the_pid_file_does_not_block_a_start(tmp_path):
+    """A daemon killed by a signal stays a zombie until its parent reaps it, and a detached daemon's parent is
+    init, which may reap late: the pid of a zombie is not a running daemon (for `devnet status` as for the
+    daemon's own check at start), so the troubleshooting's `start` works on a killed node."""
+    home = tmp_path / "home"
+    subprocess.run(
+        [str(BIN / "expledger"), "init", "--home", str(home), *FREE_PORTS.split()], check=True, capture_output=True
+    )
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits at once; not waited for: a zombie
+    try:
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            signal.sigtimedwait([], 0.05)
+        (home / "daemon.pid").write_text(f"{zombie.pid}\n")
+        assert not process_alive(zombie.pid)
+        started = subprocess.run(
+            [str(BIN / "expledger"), "daemon", "--detach", "--home", str(home)],
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT,
+        )
+        assert started.returncode == 0, started.stderr  # before: "a daemon is already running on … (pid N)"
+    finally:
+        stop_by_pid(home)
+        zombie.wait()
