@@ -458,6 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_commands(commands, common)
     dso_cli.add_commands(commands, common)
+    commands.add_parser(  # listed for --help; main() hands `devnet …` to devnet.cli before parsing
+        "devnet", help="a local devnet of several nodes: up, status, logs, stop, start, down, demo, join"
+    )
 
     commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
@@ -516,6 +519,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["devnet"]:
+        from devnet.cli import main as devnet_main  # the launcher sits on top of the node: loaded only for it
+
+        return devnet_main(argv[1:])
     try:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
@@ -524,6 +532,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in Home(args.home).init(params if args.network else None, args.rpc, args.p2p):
                 _emit(line)
             return 0
+        if args.command == "devnet":
+            raise UsageError("args.devnet", "`devnet` comes first (expledger devnet …); it takes its own --network")
         if args.command == "daemon":
             from node import daemon  # the server stack loads only for the daemon
 

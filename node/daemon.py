@@ -34,7 +34,7 @@ from ledger.store import write_file_atomically
 from node import api, logs
 from node.config import Config
 from node.events import EventHub
-from node.home import Home
+from node.home import Home, process_alive
 from node.jsonrpc import Dispatcher
 from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
@@ -110,13 +110,13 @@ def _multiaddr_host_port(addr: str) -> tuple[str, int]:
 
 
 def _running_daemon(home: Home) -> int | None:
-    """The pid of a live daemon on this home, from its pid file (a stale file, whose process is gone, is ignored)."""
+    """The pid of a live daemon on this home, from its pid file (a stale file, whose process is gone or a zombie,
+    is ignored)."""
     try:
         pid = int(home.pid_file.read_text().strip())
-        os.kill(pid, 0)
     except (OSError, ValueError):
         return None
-    return pid if pid != os.getpid() else None
+    return pid if pid != os.getpid() and process_alive(pid) else None
 
 
 def start(home: Home, log_level: str | None = None) -> Startup:
@@ -348,13 +348,18 @@ def detach(home: Home, log_level: str | None = None) -> int:
         if not select.select([child.stdout], [], [], remaining)[0]:
             continue
         line = child.stdout.readline().decode(errors="replace").strip()
-        if not line:  # it exited before it was ready
+        if not line:  # it is exiting before it was ready
             break
         if line.startswith("expledger daemon ready"):  # the daemon's only line on stdout
             child.stdout.close()
             print(f"{line} (pid {child.pid}, logs in {log_path})")
             return 0
-    status = child.poll()
+    # the pipe ends when the child's files close, before its exit is reported: tearing down a process this
+    # large takes a while (seconds under load), so wait for the exit rather than poll once
+    try:
+        status: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        status = None
     if status is None:
         child.terminate()
         print(

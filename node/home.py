@@ -165,6 +165,23 @@ class Home:
         return report
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs. A daemon killed by a signal stays a zombie until its parent reaps it, and a
+    detached daemon's parent is init (in a container, whatever runs first), which may reap late or never:
+    `kill(pid, 0)` still succeeds on a zombie, so its state in /proc decides."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (not Linux): kill(pid, 0) is all there is to know
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")  # the state follows the command name's ")"
+
+
 def _write_new(path: Path, text: str) -> None:
     """Create `path` with `text`, readable by its owner only; never overwrite."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
