@@ -1,9 +1,10 @@
-"""The README's Quickstart, run as written in a fresh directory: a node starts, answers the CLI and curl,
-takes operations signed offline, and every one of them takes effect.
+"""The README, kept true: its single-node section run as written in a fresh directory (a node starts,
+answers the CLI and curl, takes operations signed offline, and every one of them takes effect); its
+Quickstart's two commands are the ones the demo test and CI run; its devnet commands are the ones
+docs/DEVNET.md's test runs; every `expledger` line parses; its configuration table is the code's.
 
-The shell blocks of the Quickstart section run in order as one bash script (`set -euo pipefail`, so
-bash stops at the first command that fails). Two lines are not run: the test command itself
-(`scripts/test.sh`, which is what is running this test) and `source .venv/bin/activate`, whose
+The shell blocks of the single-node section run in order as one bash script (`set -euo pipefail`, so
+bash stops at the first command that fails). One line is not run: `source .venv/bin/activate`, whose
 effect — the virtual environment's `bin` first on PATH — the test gives the script directly. One
 line is changed: `expledger init` gets `--rpc 127.0.0.1:0`, so the node listens on a free port
 instead of the default 8645 (which a node of the reader's may be using). The script exports its
@@ -14,6 +15,7 @@ started by the PID in that home.
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -21,25 +23,35 @@ from pathlib import Path
 
 import pytest
 
+from devnet.cli import build_parser as devnet_parser
 from ledger.ledger import Ledger
 from ledger.ops import Kind, decode_block
 from ledger.records import Life, Outcome
+from node.cli import build_parser as node_parser
+from node.config import _SCHEMA, Config
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-NOT_RUN = {"scripts/test.sh", "source .venv/bin/activate"}
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+SINGLE_NODE = "A single node: the CLI and curl"
+NOT_RUN = {"source .venv/bin/activate"}
 INIT = "expledger init"
 FREE_PORTS = "--rpc 127.0.0.1:0 --p2p /ip4/127.0.0.1/tcp/0"  # the defaults may be taken on a test machine
 
 
+def sh_blocks(text: str, section: str) -> list[str]:
+    """The ```sh blocks of a `## section` of a Markdown text."""
+    body = text.split(f"\n## {section}\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", body, flags=re.DOTALL)
+
+
 def quickstart_script() -> str:
-    """The Quickstart's ```sh blocks, joined, without the lines in NOT_RUN and with the init line on free ports."""
-    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```sh\n(.*?)```", section, flags=re.DOTALL)
-    lines = "".join(blocks).splitlines()
+    """The single-node section's ```sh blocks, joined, without the lines in NOT_RUN and with the init line on free
+    ports."""
+    lines = "".join(sh_blocks(README.read_text(), SINGLE_NODE)).splitlines()
     skipped = {line.strip() for line in lines if line.strip() in NOT_RUN}
-    assert skipped == NOT_RUN, f"the Quickstart changed: expected the lines {sorted(NOT_RUN)}"
+    assert skipped == NOT_RUN, f"the single-node section changed: expected the lines {sorted(NOT_RUN)}"
     inits = [line for line in lines if line.split("#")[0].strip() == INIT]
-    assert len(inits) == 1, f"the Quickstart changed: expected one `{INIT}` line"
+    assert len(inits) == 1, f"the single-node section changed: expected one `{INIT}` line"
     kept = [line.replace(INIT, f"{INIT} {FREE_PORTS}", 1) if line in inits else line for line in lines]
     return "\n".join(line for line in kept if line.strip() not in NOT_RUN) + "\n"
 
@@ -128,3 +140,50 @@ def test_the_merge_carries_what_merged_json_shows(quickstart):
     assert merge.op.content.text == shown["text"]
     assert ".".join(merge.op.content.domain) == shown["domain"]
     assert merge.op.content.source == shown["metadata"]["source"]
+
+
+def test_the_quickstart_is_the_demo_and_the_test_command():
+    """Two commands: the demo (run from a fresh clone by tests/test_devnet.py) and the test command CI runs."""
+    (block,) = sh_blocks(README.read_text(), "Quickstart")
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    assert commands == ["scripts/demo.sh", "scripts/test.sh"]
+    assert "exec scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+    assert '["scripts/demo.sh"]' in (ROOT / "tests" / "test_devnet.py").read_text()
+
+
+def test_joining_a_devnet_is_what_the_devnet_walkthrough_runs():
+    """The README's joining commands are docs/DEVNET.md's, which tests/test_devnet.py runs as written."""
+    section = "Joining a devnet from another home"
+    readme = sh_blocks(README.read_text(), section)
+    assert readme and readme == sh_blocks((ROOT / "docs" / "DEVNET.md").read_text(), section)
+
+
+def test_every_expledger_line_of_the_readme_parses():
+    """Each `expledger …` line of the README's shell blocks is accepted by the CLI's own parsers, so a renamed
+    command or flag fails here even for lines no test runs as written (the LLM section's long runs)."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    commands = []
+    for block in blocks:
+        for line in block.replace("\\\n", " ").splitlines():
+            for command in line.split("&&"):
+                words = shlex.split(command, comments=True)
+                commands += [words[1:]] if words[:1] == ["expledger"] else []
+    assert len(commands) >= 20
+    for words in commands:
+        if words[0] == "devnet":
+            devnet_parser().parse_args(words[1:])
+        else:
+            node_parser().parse_args(words)
+
+
+def test_the_configuration_table_is_the_code():
+    """Every key of config.toml, and no other, is in the README's table, with the default `init` writes."""
+    section = README.read_text().split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    rows = dict(re.findall(r"^\| `([a-z0-9_]+\.[a-z_]+)` \| `(.*?)` \|", section, flags=re.MULTILINE))
+    expected = {f"{name}.{key}" for name, keys in _SCHEMA.items() for key in keys}
+    assert set(rows) == expected
+    config = Config()
+    for dotted, shown in rows.items():
+        name, key = dotted.split(".")
+        value = getattr(getattr(config, name), key)
+        assert json.loads(shown) == (list(value) if isinstance(value, tuple) else value), dotted
