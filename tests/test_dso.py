@@ -59,6 +59,18 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         daemon.stop()
 
 
+@pytest.fixture(scope="module")
+def spare_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A node of its own, for tests whose experiences must not change what the other tests retrieve."""
+    home = tmp_path_factory.mktemp("dso-spare") / "home"
+    init_home(home)
+    daemon = start(home)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
 def dso(home: Path, url: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "EXPLEDGER_LLM_BASE_URL": url}
     return subprocess.run(
@@ -272,8 +284,8 @@ def test_an_endpoint_that_is_down_is_one_clear_error(node: Daemon, tmp_path: Pat
     assert "EXPLEDGER_LLM_BASE_URL" in error
 
 
-def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(node: Daemon, tmp_path: Path) -> None:
-    speed = node.call(
+def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(spare_node: Daemon, tmp_path: Path) -> None:
+    speed = spare_node.call(
         "add",
         {
             "text": "When a speed is asked for, divide the distance by the time taken.",
@@ -293,9 +305,8 @@ def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(node: 
         return Reply("")
 
     with fake_llm(failing) as llm:
-        result = dso(
-            node.home, llm.url, "extract", "--rollouts", str(rollouts_file(tmp_path / "r.jsonl", speed["cid"]))
-        )
+        rollouts = rollouts_file(tmp_path / "r.jsonl", speed["cid"])
+        result = dso(spare_node.home, llm.url, "extract", "--rollouts", str(rollouts))
         critiques = [request for request in llm.requests if stage(request) == "critique"]
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -312,15 +323,15 @@ def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(node: 
         assert schema["properties"]["operations"]["minItems"] == 1  # a mixed group has something to teach
 
 
-def test_a_cap_on_answer_tokens_asks_for_fewer_operations(node: Daemon, tmp_path: Path) -> None:
-    speed = node.call(
+def test_a_cap_on_answer_tokens_asks_for_fewer_operations(spare_node: Daemon, tmp_path: Path) -> None:
+    speed = spare_node.call(
         "add",
         {"text": "When a pace is asked for, divide the distance by the time.", "domain": "math", "confidence": 0.5},
     )
     cap = 400
     with fake_llm(lambda request: Reply('{"operations": []}')) as llm:
         result = dso(
-            node.home,
+            spare_node.home,
             llm.url,
             "extract",
             "--rollouts",
