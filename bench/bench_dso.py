@@ -1,20 +1,25 @@
 """DSO extraction benchmark: seconds and tokens per group for each stage, with the bundled SmolLM2-135M.
 
-Usage: python -m bench.bench_dso [--rounds 1] [--max-tokens 128] [--rollouts data/dso/rollouts.jsonl]
+Usage: python -m bench.bench_dso [--rounds 1] [--max-tokens N] [--rollouts data/dso/rollouts.jsonl]
 
 A real daemon (with a few experiences) and the real model served by llama.cpp (node.dso.smollm) on
 127.0.0.1; the extraction runs in this process, as `expledger dso extract` runs it, --rounds times over the
 rollout file's groups. Per mixed group (the only ones that reach the model): stage 1 (one summary per
 rollout), stage 2 (one critique), stage 3 (the batch's consolidation, shared by its groups): calls, seconds,
-prompt and completion tokens, generation speed. Baseline in the same run: the same pipeline against an
-instant fake model (tests.dso_fakes), which is the pipeline's own cost (RPC reads, embedding, signing,
-validation, submission); the ratio says how much of a group's time is the model's.
+prompt and completion tokens, generation speed, and answers cut off at their budget or failed on by the
+server (summaries are plain text and run to their budget; the JSON answers of stages 2 and 3 should close
+within theirs, which their schemas size). Without --max-tokens each stage has its own budget: 256 tokens a
+summary, what its schema allows a JSON answer. The load average is printed: the machine is shared.
+Baseline in the same run: the same pipeline against an instant fake model (tests.dso_fakes), which is the
+pipeline's own cost (RPC reads, embedding, signing, validation, submission); the ratio says how much of a
+group's time is the model's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -55,7 +60,9 @@ def instant(request: dict[str, Any]) -> Reply:
     return Reply("")
 
 
-def measure(url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int) -> tuple[dict[str, Any], int, float]:
+def measure(
+    url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int | None
+) -> tuple[dict[str, Any], int, float]:
     """Per-stage usage over `rounds` extractions, the mixed groups they handled, and the wall time; prints what
     the extractions made of the model's answers."""
     params = NetworkParams.from_file(home / "network.json")
@@ -82,13 +89,14 @@ def measure(url: str, home: Path, rollouts: Path, rounds: int, max_tokens: int) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, help="cap on every answer (default: each stage's own budget)")
     parser.add_argument("--rollouts", type=Path, default=ROOT / "data" / "dso" / "rollouts.jsonl")
     args = parser.parse_args(argv)
     missing = smollm_missing()
     if missing:
         print(f"bench_dso: {missing}", file=sys.stderr)
         return 2
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         results = {}
         for label in ("instant", "smollm2"):
@@ -104,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
                     print("bench_dso: starting the SmolLM2 server", file=sys.stderr)
                     with smollm_server() as url:
                         results[label] = measure(url, home, args.rollouts, args.rounds, args.max_tokens)
-    print(f"DSO extraction per mixed group ({args.rollouts.name}, {args.rounds} rounds, max {args.max_tokens} tokens)")
-    print(f"{'stage':<12} {'calls':>6} {'seconds':>8} {'prompt tok':>11} {'compl tok':>10} {'tok/s':>7}")
+    cap = f"max {args.max_tokens} tokens" if args.max_tokens else "per-stage budgets"
+    print(f"DSO extraction per mixed group ({args.rollouts.name}, {args.rounds} rounds, {cap})")
+    print(f"load average (1 min) before {load_before:.1f}, after {os.getloadavg()[0]:.1f}, on {os.cpu_count()} cores")
+    print(f"{'stage':<12} {'calls':>6} {'seconds':>8} {'prompt tok':>11} {'compl tok':>10} {'tok/s':>7} {'cut':>4}")
     usage, groups, wall = results["smollm2"]
     for name in STAGES:
         found = usage.get(name)
@@ -114,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         speed = found["completion_tokens"] / found["seconds"] if found["seconds"] else 0.0
         print(
             f"{name:<12} {found['calls'] / groups:>6.1f} {found['seconds'] / groups:>8.2f} "
-            f"{found['prompt_tokens'] / groups:>11.0f} {found['completion_tokens'] / groups:>10.0f} {speed:>7.0f}"
+            f"{found['prompt_tokens'] / groups:>11.0f} {found['completion_tokens'] / groups:>10.0f} {speed:>7.0f} "
+            f"{found['truncated'] + found['failed']:>4}"
         )
     _, base_groups, base_wall = results["instant"]
     model_seconds = sum(found["seconds"] for found in usage.values()) / groups

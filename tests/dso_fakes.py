@@ -16,9 +16,11 @@ from typing import Any
 
 @dataclass
 class Reply:
-    """What the fake answers: a completion's text, or an HTTP error, or a raw body, after an optional delay."""
+    """What the fake answers: a completion's text (cut off at max_tokens when finish_reason is "length"), or an
+    HTTP error, or a raw body, after an optional delay."""
 
     content: str | None = None
+    finish_reason: str = "stop"
     status: int = 200
     delay: float = 0.0
     raw: bytes | None = None
@@ -88,7 +90,8 @@ def fake_llm(responder: Responder) -> Iterator[FakeLlm]:
                 error = {"error": {"message": f"scripted {reply.status}", "type": "server_error", "code": None}}
                 self._send(reply.status, json.dumps(error).encode(), reply.headers)
             else:
-                self._send(200, json.dumps(_completion(body, reply.content or "")).encode(), reply.headers)
+                completion = _completion(body, reply.content or "", reply.finish_reason)
+                self._send(200, json.dumps(completion).encode(), reply.headers)
 
         def _send(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
             try:
@@ -113,13 +116,13 @@ def fake_llm(responder: Responder) -> Iterator[FakeLlm]:
         server.server_close()
 
 
-def _completion(request: dict[str, Any], content: str) -> dict[str, Any]:
+def _completion(request: dict[str, Any], content: str, finish_reason: str) -> dict[str, Any]:
     return {
         "id": "chatcmpl-fake",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": request.get("model", "fake-model"),
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": finish_reason}],
         "usage": {
             "prompt_tokens": len(json.dumps(request)) // 4,
             "completion_tokens": len(content) // 4,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import string
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,12 +18,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ledger.cid import CID
 from ledger.params import NetworkParams
-from ledger.validation import examine
+from ledger.validation import check_text, examine
 from node.config import LlmConfig
 from node.dso import prompts
+from node.dso.extract import CONSOLIDATE_OPTIONS, CRITIQUE_OPTIONS
 from node.dso.grading import default_grader, final_answer, load_grader
-from node.dso.llm import LlmClient, LlmError, LlmSettings
+from node.dso.llm import LlmClient, LlmError, LlmOutputError, LlmSettings
 from node.dso.parsing import Rejected, ShortIds, check_proposal, json_value, operation_items
 from tests.daemons import EXPLEDGER, Daemon, init_home, start
 from tests.dso_fakes import Reply, fake_llm, stage
@@ -33,11 +36,33 @@ REFINED = "When computing an average speed, divide the total distance by the tot
 FACTORIAL = "When arranging distinct objects in a row, count orderings with a factorial."
 TOO_LONG = "When " + " ".join(["reasoning"] * 40) + ", stop."
 PARAMS = NetworkParams()
+#: llama.cpp's answer when what the model wrote under a response_format fails the server's own parser
+OUTPUT_FAILED = json.dumps(
+    {
+        "error": {
+            "code": 500,
+            "message": "The model produced output that does not match the expected peg-native format",
+            "type": "server_error",
+        }
+    }
+).encode()
 
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     home = tmp_path_factory.mktemp("dso") / "home"
+    init_home(home)
+    daemon = start(home)
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def spare_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    """A node of its own, for tests whose experiences must not change what the other tests retrieve."""
+    home = tmp_path_factory.mktemp("dso-spare") / "home"
     init_home(home)
     daemon = start(home)
     try:
@@ -259,6 +284,76 @@ def test_an_endpoint_that_is_down_is_one_clear_error(node: Daemon, tmp_path: Pat
     assert "EXPLEDGER_LLM_BASE_URL" in error
 
 
+def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(spare_node: Daemon, tmp_path: Path) -> None:
+    speed = spare_node.call(
+        "add",
+        {
+            "text": "When a speed is asked for, divide the distance by the time taken.",
+            "domain": "math",
+            "confidence": 0.5,
+        },
+    )
+
+    def failing(request: dict[str, Any]) -> Reply:
+        match stage(request):
+            case "summarize":
+                return Reply("Step 1: divided distance by time.")
+            case "critique" if "A train travels" in request["messages"][-1]["content"]:
+                return Reply(status=500, raw=OUTPUT_FAILED)
+            case "critique":
+                return Reply('{"operations": [{"option": "add", "experience": "When arranging', finish_reason="length")
+        return Reply("")
+
+    with fake_llm(failing) as llm:
+        rollouts = rollouts_file(tmp_path / "r.jsonl", speed["cid"])
+        result = dso(spare_node.home, llm.url, "extract", "--rollouts", str(rollouts))
+        critiques = [request for request in llm.requests if stage(request) == "critique"]
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["rejections"] == {"llm.bad_output": 1, "parse.truncated": 1}
+    assert report["rejected_at"] == {"critique answer": 2}
+    assert "consolidate" not in report["usage"]  # no group suggested anything
+    usage = report["usage"]["critique"]
+    assert (usage["calls"], usage["retries"], usage["failed"], usage["truncated"]) == (2, 0, 1, 1)
+    # not retried (the model would write it again) and not taken as a refusal of the format
+    assert [request["response_format"]["type"] for request in critiques] == ["json_schema", "json_schema"]
+    for request in critiques:
+        schema = request["response_format"]["json_schema"]["schema"]
+        assert request["max_tokens"] == prompts.answer_tokens(schema)  # sized from the schema
+        assert schema["properties"]["operations"]["minItems"] == 1  # a mixed group has something to teach
+
+
+def test_a_cap_on_answer_tokens_asks_for_fewer_operations(spare_node: Daemon, tmp_path: Path) -> None:
+    speed = spare_node.call(
+        "add",
+        {"text": "When a pace is asked for, divide the distance by the time.", "domain": "math", "confidence": 0.5},
+    )
+    cap = 400
+    with fake_llm(lambda request: Reply('{"operations": []}')) as llm:
+        result = dso(
+            spare_node.home,
+            llm.url,
+            "extract",
+            "--rollouts",
+            str(rollouts_file(tmp_path / "r.jsonl", speed["cid"])),
+            "--max-tokens",
+            str(cap),
+        )
+        critiques = [request for request in llm.requests if stage(request) == "critique"]
+    assert result.returncode == 0, result.stderr
+    for request in critiques:
+        schema = request["response_format"]["json_schema"]["schema"]
+        operations = schema["properties"]["operations"]
+        assert request["max_tokens"] == prompts.answer_tokens(schema) <= cap
+        wider = prompts.operations_schema(CRITIQUE_OPTIONS, operations["maxItems"] + 1, ids_of(schema), least=1)
+        assert prompts.answer_tokens(wider) > cap  # as many operations as fit
+
+
+def ids_of(schema: dict[str, Any]) -> list[str]:
+    shapes = schema["properties"]["operations"]["items"]["anyOf"]
+    return next((shape["properties"]["exp_id"]["enum"] for shape in shapes if "exp_id" in shape["properties"]), [])
+
+
 # --- the client: retries, time-outs, formats ----------------------------------------------------------------
 
 
@@ -304,6 +399,20 @@ def test_a_server_that_refuses_json_schema_is_asked_with_a_json_object() -> None
             assert text == '{"operations": []}'
         formats = [request.get("response_format", {}).get("type") for request in llm.requests]
     assert formats == ["json_schema", "json_object", "json_object"]  # it remembers what the server takes
+
+
+def test_a_server_that_fails_on_the_models_output_has_not_refused_the_format() -> None:
+    script = iter([Reply(status=500, raw=OUTPUT_FAILED), Reply('{"operations": []}')])
+    with fake_llm(lambda request: next(script)) as llm:
+        llm_client = client(llm.url)
+        with pytest.raises(LlmOutputError) as failed:
+            llm_client.complete([{"role": "user", "content": "x"}], purpose="t", schema={"type": "object"})
+        answer = llm_client.complete([{"role": "user", "content": "x"}], purpose="t", schema={"type": "object"})
+        formats = [request["response_format"]["type"] for request in llm.requests]
+    assert failed.value.code == "llm.bad_output" and "does not match the expected" in failed.value.message
+    assert answer.text == '{"operations": []}' and formats == ["json_schema", "json_schema"]
+    usage = llm_client.usage["t"]
+    assert (usage.calls, usage.retries, usage.failed) == (2, 0, 1)
 
 
 def test_a_malformed_http_body_is_retried() -> None:
@@ -362,6 +471,69 @@ def test_each_bad_proposal_has_its_reason() -> None:
         {"option": "MODIFY", "old_id": f"[{name.upper()}]", "experience": SPEED}, options, ids, {known}, PARAMS
     )
     assert proposal.targets == (known,) and proposal.option == "modify"
+
+
+@given(st.from_regex(prompts.EXPERIENCE_SCHEMA["pattern"], fullmatch=True))
+def test_every_experience_the_schema_admits_is_json_as_written_bounded_and_valid(text: str) -> None:
+    # a grammar that copies pattern characters without escaping them cannot end the JSON string early
+    assert json.dumps(text) == f'"{text}"'
+    # the pattern itself bounds the length: llama.cpp ignores maxLength beside a pattern
+    assert len(text) <= prompts.EXPERIENCE_SCHEMA["maxLength"]
+    assert check_text(" ".join(text.split()), PARAMS) == []  # 32 words, a context clause, no constants
+
+
+def test_the_experience_schema_refuses_what_broke_json_or_the_ledger() -> None:
+    pattern = re.compile(prompts.EXPERIENCE_SCHEMA["pattern"])
+    for text in (
+        'When you add a new item to your list", you should check it',  # a raw quote ended the string
+        "When the train travels 60 km, divide the distance by the time it takes.",
+        "When " + " ".join(["reasoning"] * 12) + ", " + " ".join(["check"] * 20),
+        "When... then...",
+    ):
+        assert pattern.fullmatch(text) is None, text
+
+
+def answers(schema: dict[str, Any]) -> st.SearchStrategy[Any]:
+    """Any value of the bounded schemas prompts.operations_schema builds."""
+    if "anyOf" in schema:
+        return st.one_of(*(answers(option) for option in schema["anyOf"]))
+    if schema.get("type") == "object":
+        return st.fixed_dictionaries({key: answers(value) for key, value in schema["properties"].items()})
+    if schema.get("type") == "array":
+        return st.lists(
+            answers(schema["items"]),
+            min_size=schema.get("minItems", 0),
+            max_size=schema["maxItems"],
+            unique=schema.get("uniqueItems", False),
+        )
+    if "const" in schema:
+        return st.just(schema["const"])
+    if "enum" in schema:
+        return st.sampled_from(schema["enum"])
+    if "pattern" in schema:
+        return st.from_regex(schema["pattern"], fullmatch=True)
+    return st.text(string.ascii_letters + " .,", max_size=schema["maxLength"])
+
+
+@given(
+    data=st.data(),
+    consolidation=st.booleans(),
+    most=st.integers(1, 6),
+    known=st.integers(0, 3),
+)
+def test_every_answer_the_operations_schema_admits_fits_its_budget_and_passes_the_checks(
+    data: st.DataObject, consolidation: bool, most: int, known: int
+) -> None:
+    ids = ShortIds()
+    cids = [CID.for_block(bytes([number])) for number in range(known)]
+    names = [ids.name(cid) for cid in cids]
+    options = CONSOLIDATE_OPTIONS if consolidation else CRITIQUE_OPTIONS
+    schema = prompts.operations_schema(options, most, names, least=0 if consolidation else 1, reason=consolidation)
+    answer = data.draw(answers(schema))
+    assert len(json.dumps(answer, separators=(",", ":"))) <= prompts.answer_chars(schema)
+    assert prompts.answer_tokens(schema) * prompts.CHARS_PER_TOKEN >= prompts.answer_chars(schema)
+    for item in operation_items(json.dumps(answer, indent=2)):
+        check_proposal(item, options, ids, set(cids), PARAMS)  # raises Rejected if the schema let a bad one by
 
 
 def test_prompts_fill_every_placeholder_even_with_braces_in_the_values() -> None:

@@ -32,7 +32,11 @@ def add_commands(commands: argparse._SubParsersAction, common: argparse.Argument
     shared.add_argument("--base-url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
     shared.add_argument("--model", help="the model that extracts (default: [llm] model, else the server's first)")
     shared.add_argument("-k", type=int, default=5, help="experiences retrieved per problem (default 5)")
-    shared.add_argument("--max-tokens", type=int, help="cap on the tokens of each extraction answer")
+    shared.add_argument(
+        "--max-tokens",
+        type=int,
+        help="cap on the tokens of each extraction answer (JSON answers then ask for fewer operations)",
+    )
     shared.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     extract = sub.add_parser("extract", parents=[shared], help="the three DSO stages on a file of rollout groups")
     extract.add_argument("--rollouts", type=Path, required=True, metavar="FILE.jsonl", help="one group per line")
@@ -174,5 +178,5 @@ def _print(summary: dict[str, Any], as_json: bool, headline: str) -> None:
         print(
             f"{purpose}: {usage['calls']} calls, {usage['seconds']} s, "
             f"{usage['prompt_tokens']} prompt + {usage['completion_tokens']} completion tokens, "
-            f"{usage['retries']} retries"
+            f"{usage['retries']} retries, {usage['truncated']} cut off, {usage['failed']} failed"
         )

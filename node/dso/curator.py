@@ -37,7 +37,7 @@ from ledger.jsonview import experience_from_json
 from ledger.ops import Block, Kind
 from ledger.validation import check_embeddings, check_text, examine
 from node.config import LlmConfig
-from node.dso.llm import LlmClient, LlmError, LlmSettings
+from node.dso.llm import LlmClient, LlmError, LlmOutputError, LlmSettings
 from node.dso.parsing import Rejected, json_value
 from node.dso.prompts import EXPERIENCE_SCHEMA
 from node.service import Busy, IngestFailed, Node, Stopping
@@ -290,8 +290,11 @@ class Curator:
         complete = partial(
             self.llm.complete, [{"role": "user", "content": prompt}], purpose=purpose, max_tokens=256, schema=schema
         )
-        answer = await trio.to_thread.run_sync(complete, abandon_on_cancel=True)
         try:
+            try:
+                answer = await trio.to_thread.run_sync(complete, abandon_on_cancel=True)
+            except LlmOutputError as exc:  # this answer failed, not the endpoint: the pass goes on
+                raise Rejected(exc.code, exc.message) from None
             value = json_value(answer.text)
             if not isinstance(value, dict):
                 raise Rejected("parse.shape", "expected a JSON object")

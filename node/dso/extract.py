@@ -33,7 +33,7 @@ from ledger.params import NetworkParams
 from ledger.validation import check_embeddings, examine
 from node.client import RpcFailed
 from node.dso import prompts
-from node.dso.llm import LlmClient
+from node.dso.llm import Completion, LlmClient, LlmOutputError
 from node.dso.nodelink import Entry, NodeLink
 from node.dso.parsing import Proposal, Rejected, ShortIds, check_proposal, operation_items
 
@@ -104,10 +104,14 @@ class Report:
     operations: Counter[str] = field(default_factory=Counter)
     outcomes: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
+    #: the same rejections by where they happened: "critique" and "consolidate" (one proposal each),
+    #: "critique answer" and "consolidate answer" (a whole answer), "build" (a proposal the ledger refused)
+    rejected_at: Counter[str] = field(default_factory=Counter)
     cids: list[str] = field(default_factory=list)
 
     def reject(self, stage: str, where: str, rejected: Rejected) -> None:
         self.rejections[rejected.code] += 1
+        self.rejected_at[stage] += 1
         log.warning("dso: %s %s: rejected (%s): %s", stage, where, rejected.code, rejected.detail)
 
     def add(self, other: Report) -> None:
@@ -118,6 +122,7 @@ class Report:
         self.operations.update(other.operations)
         self.outcomes.update(other.outcomes)
         self.rejections.update(other.rejections)
+        self.rejected_at.update(other.rejected_at)
         self.cids.extend(other.cids)
 
     def to_json(self) -> dict[str, Any]:
@@ -129,6 +134,7 @@ class Report:
             "operations": dict(sorted(self.operations.items())),
             "outcomes": dict(sorted(self.outcomes.items())),
             "rejections": dict(sorted(self.rejections.items())),
+            "rejected_at": dict(sorted(self.rejected_at.items())),
         }
 
     @classmethod
@@ -141,23 +147,22 @@ class Report:
             Counter(data["operations"]),
             Counter(data["outcomes"]),
             Counter(data["rejections"]),
+            Counter(data.get("rejected_at", {})),  # absent from the state of a run begun by an older version
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Tokens each stage may generate: a summary is short, the JSON answers longer."""
+    """Tokens each stage may generate. A summary is plain text with a fixed budget; a JSON answer's budget is
+    what its schema allows (prompts.answer_tokens), and under a `cap` the schema asks for fewer operations so
+    that the answer still closes within it."""
 
     summary: int = 256
-    critique: int = 512
-    consolidation: int = 768
+    cap: int | None = None
 
     @classmethod
     def capped(cls, most: int | None) -> Limits:
-        base = cls()
-        if most is None:
-            return base
-        return cls(min(base.summary, most), min(base.critique, most), min(base.consolidation, most))
+        return cls() if most is None else cls(min(cls().summary, most), most)
 
 
 # --- the rollouts file --------------------------------------------------------------------------------------
@@ -330,20 +335,36 @@ class Extractor:
         )
         return (answer.text.strip() or "(the model gave no summary)"), rollout.correct
 
+    def _proposed(
+        self, stage: str, where: str, prompt: str, request: tuple[dict[str, Any], int], report: Report
+    ) -> list[Any] | None:
+        """The proposals in the model's answer to a JSON stage (schema, max_tokens), or None with the reason
+        counted: the server failed on the answer, the answer was cut off at its budget, or it holds no JSON."""
+        schema, max_tokens = request
+        answer: Completion | None = None
+        try:
+            answer = self.llm.complete(
+                [{"role": "user", "content": prompt}], purpose=stage, max_tokens=max_tokens, schema=schema
+            )
+            return operation_items(answer.text)
+        except LlmOutputError as exc:
+            report.reject(f"{stage} answer", where, Rejected(exc.code, exc.message))
+        except Rejected as rejected:
+            if answer is not None and answer.truncated:
+                rejected = Rejected("parse.truncated", f"cut off at {max_tokens} tokens: {rejected.detail}")
+            report.reject(f"{stage} answer", where, rejected)
+        return None
+
     def _critique(self, item: _GroupWork, summaries: list[tuple[str, bool]], shown: _Shown, report: Report) -> None:
         group = item.group
         prompt = prompts.critique(group.problem, group.answer, item.shown, summaries)
-        answer = self.llm.complete(
-            [{"role": "user", "content": prompt}],
-            purpose="critique",
-            max_tokens=self.limits.critique,
-            schema=prompts.operations_schema(CRITIQUE_OPTIONS, MAX_OPS_PER_GROUP),
+        # a mixed group has an advantage to learn from: the answer holds at least one operation
+        request = prompts.fitted_operations_schema(
+            CRITIQUE_OPTIONS, MAX_OPS_PER_GROUP, [entry.short_id for entry in item.shown], self.limits.cap, least=1
         )
         where = f"group {item.number}"
-        try:
-            items = operation_items(answer.text)
-        except Rejected as rejected:
-            report.reject("critique", where, rejected)
+        items = self._proposed("critique", where, prompt, request, report)
+        if items is None:
             return
         visible = {shown.ids.resolve(entry.short_id) for entry in item.shown}
         for index, raw in enumerate(items):
@@ -364,16 +385,16 @@ class Extractor:
     ) -> list[tuple[Proposal, int | None]]:
         library = [prompts.Shown(shown.ids.name(cid), entry.text) for cid, entry in shown.entries.items()]
         most = MAX_OPS_PER_GROUP * len(suggested)
-        answer = self.llm.complete(
-            [{"role": "user", "content": prompts.consolidate(library, suggested)}],
-            purpose="consolidate",
-            max_tokens=self.limits.consolidation,
-            schema=prompts.operations_schema(CONSOLIDATE_OPTIONS, most),
+        request = prompts.fitted_operations_schema(
+            CONSOLIDATE_OPTIONS,
+            most,
+            [entry.short_id for entry in library],
+            self.limits.cap,
+            reason=True,
+            merge_most=self.params.max_merge_targets,
         )
-        try:
-            items = operation_items(answer.text)
-        except Rejected as rejected:
-            report.reject("consolidate", "batch", rejected)
+        items = self._proposed("consolidate", "batch", prompts.consolidate(library, suggested), request, report)
+        if items is None:
             return []
         report.proposed += len(items)
         accepted: list[tuple[Proposal, int | None]] = []

@@ -5,7 +5,10 @@ connection errors, 429 and 5xx answers itself, with exponential backoff (honouri
 so each attempt is logged and counted and an endpoint that stays down ends in one clear error.
 JSON output is constrained with `response_format` when the server takes it; a server that refuses
 a format is asked again with a simpler one (JSON schema, then JSON object, then plain text), and
-the answer is parsed tolerantly either way (node.dso.parsing).
+the answer is parsed tolerantly either way (node.dso.parsing). A server that took the format but could
+not parse what the model wrote under it (llama.cpp's HTTP 500 "The model produced output that does not
+match the expected … format") has not refused the format: that one answer failed, and is reported as such
+(LlmOutputError), neither retried (at temperature 0 the model would write it again) nor stepped down.
 """
 
 from __future__ import annotations
@@ -31,10 +34,16 @@ NO_KEY = "no-key"
 BACKOFF_FIRST = 0.5  # seconds before the first retry; doubled each time
 BACKOFF_MOST = 30.0
 _FORMATS_AFTER = {"json_schema": "json_object", "json_object": "none"}
+#: what llama.cpp's server says when the answer generated under a response_format fails its own parser
+_OUTPUT_FAILED = "produced output that does not match"
 
 
 class LlmError(LedgerError):
     """The endpoint could not give an answer: unreachable, refusing, or misconfigured."""
+
+
+class LlmOutputError(LlmError):
+    """The server took the request but failed on what the model wrote: this answer is lost, not the endpoint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +83,8 @@ class Completion:
     completion_tokens: int
     seconds: float
     attempts: int
+    #: the answer was cut off at max_tokens (finish_reason "length")
+    truncated: bool = False
 
 
 @dataclass(slots=True)
@@ -85,6 +96,9 @@ class StageUsage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     retries: int = 0
+    #: answers cut off at max_tokens, and answers the server failed on (LlmOutputError)
+    truncated: int = 0
+    failed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +107,8 @@ class StageUsage:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "retries": self.retries,
+            "truncated": self.truncated,
+            "failed": self.failed,
         }
 
 
@@ -160,6 +176,10 @@ class LlmClient:
                         model=model, messages=messages, temperature=temperature, max_tokens=max_tokens, **options
                     )
                 except self._openai.APIStatusError as exc:
+                    if _OUTPUT_FAILED in _said(exc).lower():
+                        raise LlmOutputError(
+                            "llm.bad_output", f"{self.settings.base_url} failed on the model's answer: {_said(exc)}"
+                        ) from None
                     refused = exc.status_code in (400, 422, 500, 501)
                     if not (options and refused and self.settings.response_format == "auto"):
                         raise
@@ -173,10 +193,18 @@ class LlmClient:
                     )
                     self._format = simpler
 
-        response = self._with_retries(purpose, call)
+        try:
+            response = self._with_retries(purpose, call)
+        except LlmOutputError:
+            usage.calls += 1
+            usage.seconds += time.perf_counter() - started
+            usage.retries += attempts - 1
+            usage.failed += 1
+            raise
         seconds = time.perf_counter() - started
         choices = getattr(response, "choices", None) or []
         text = (choices[0].message.content or "") if choices else ""
+        truncated = bool(choices) and getattr(choices[0], "finish_reason", None) == "length"
         counted = getattr(response, "usage", None)
         prompt_tokens = getattr(counted, "prompt_tokens", 0) or 0
         completion_tokens = getattr(counted, "completion_tokens", 0) or 0
@@ -185,7 +213,8 @@ class LlmClient:
         usage.prompt_tokens += prompt_tokens
         usage.completion_tokens += completion_tokens
         usage.retries += attempts - 1
-        return Completion(text, prompt_tokens, completion_tokens, seconds, attempts)
+        usage.truncated += truncated
+        return Completion(text, prompt_tokens, completion_tokens, seconds, attempts, truncated)
 
     def _with_retries(self, purpose: str, call: Callable[[], Any]) -> Any:
         """`call()`, retried on what may pass (time-out, connection, 429, 5xx); LlmError once retries run out."""
