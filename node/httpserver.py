@@ -54,6 +54,7 @@ class Request:
     query: dict[str, str]
     headers: dict[bytes, bytes]  # names in lower case; the first of a repeated header counts
     body: bytes = b""
+    version: str = "1.1"
 
 
 @dataclass
@@ -109,6 +110,10 @@ class WebSocket:
             if not data:
                 return None
             self._ws.receive_data(data)
+
+    async def ping(self) -> None:
+        """A ping: with the socket's TCP_USER_TIMEOUT it finds a client that vanished without closing."""
+        await self._send(Ping())
 
     async def close(self, code: int) -> None:
         if self._ws.state is ConnectionState.OPEN:
@@ -188,6 +193,7 @@ class _Parsing:
             dict(parse_qsl(query)),
             self._headers,
             b"".join(self._body),
+            self.parser.get_http_version(),
         )
         self.done.append((request, self.parser.should_keep_alive()))
         self.in_request = False
@@ -296,7 +302,7 @@ class HttpServer:
                     return
                 response = await self._answer(request)
                 keep_alive = keep_alive and not response.close and not self._draining
-                await self._send(stream, response, keep_alive=keep_alive, head=request.method == "HEAD")
+                await self._send(stream, response, keep_alive=keep_alive, request=request)
                 if not keep_alive:
                     return
             if parsing.expects_continue:
@@ -358,9 +364,9 @@ class HttpServer:
             await self._send(stream, text_response(503, "unavailable\n"), keep_alive=False)
 
     async def _send(
-        self, stream: trio.SocketStream, response: Response, *, keep_alive: bool, head: bool = False
+        self, stream: trio.SocketStream, response: Response, *, keep_alive: bool, request: Request | None = None
     ) -> None:
-        """The whole answer in one write: status line, headers and body."""
+        """The whole answer in one write: status line, headers and body (none to HEAD)."""
         reason = HTTPStatus(response.status).phrase.encode()
         lines = [b"HTTP/1.1 %d %s" % (response.status, reason), b"date: " + self._now()]
         lines += [name + b": " + value for name, value in response.headers]
@@ -368,6 +374,9 @@ class HttpServer:
             lines.append(b"content-length: %d" % len(response.body))
         if not keep_alive:
             lines.append(b"connection: close")
+        elif request is not None and request.version == "1.0":  # an HTTP/1.0 client asked to keep it open
+            lines.append(b"connection: keep-alive")
+        head = request is not None and request.method == "HEAD"
         await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body))
 
     def _now(self) -> bytes:

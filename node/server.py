@@ -26,6 +26,7 @@ from node.metrics import NodeMetrics
 
 COOKIE_USER = "__cookie__"
 WS_GOING_AWAY = 1001
+WS_PING_INTERVAL = 20.0  # seconds; as the websockets client library pings
 
 
 @dataclass
@@ -150,6 +151,7 @@ async def _pump_events(ws: WebSocket, subscription: Subscription, metrics: NodeM
     async with trio.open_nursery() as nursery:
         # a client that vanishes is only noticed by reading: the reader cancels the sender
         nursery.start_soon(_cancel_on_disconnect, ws, nursery.cancel_scope)
+        nursery.start_soon(_ping_every, ws, WS_PING_INTERVAL)
         async for event in subscription.receive:
             if subscription.closing:
                 break
@@ -160,6 +162,12 @@ async def _pump_events(ws: WebSocket, subscription: Subscription, metrics: NodeM
             metrics.ws_events_sent.inc()
         await ws.close(WS_GOING_AWAY)  # the node is stopping
         nursery.cancel_scope.cancel()
+
+
+async def _ping_every(ws: WebSocket, seconds: float) -> None:
+    while True:
+        await trio.sleep(seconds)
+        await ws.ping()
 
 
 async def _cancel_on_disconnect(ws: WebSocket, scope: trio.CancelScope) -> None:

@@ -247,6 +247,19 @@ def test_http_1_0_and_connection_close_end_the_connection_after_the_answer():
     trio.run(main)
 
 
+def test_an_http_1_0_client_asking_for_keep_alive_is_told_it_is_kept():
+    async def main() -> None:
+        async with serving() as node:
+            stream = await node.connect()
+            reader = Reader(stream)
+            for _ in range(2):
+                await stream.send_all(b"GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+                status, headers, _ = await reader.answer()
+                assert (status, headers["connection"]) == (200, "keep-alive")
+
+    trio.run(main)
+
+
 def test_an_idle_connection_and_one_stalled_mid_request_are_closed_after_the_timeout():
     async def main() -> None:
         async with serving(idle_timeout=0.2) as node:
