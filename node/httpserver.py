@@ -186,6 +186,8 @@ class _Parsing:
             self._body.append(body)
 
     def on_message_complete(self) -> None:
+        if self.too_large or self.head_too_large:
+            return  # refused: neither it nor anything after it on this connection is answered
         path, _, query = self._url.decode("latin-1").partition("?")
         request = Request(
             self.parser.get_method().decode("latin-1"),
@@ -280,21 +282,18 @@ class HttpServer:
             if not parsing.headers_complete:
                 parsing.head_bytes += len(data)
             upgrade_at: int | None = None
+            refusal: tuple[str, Response] | None = None
             try:
                 parsing.parser.feed_data(data)
             except httptools.HttpParserUpgrade as upgrade:
                 upgrade_at = upgrade.args[0]
             except httptools.HttpParserError as exc:
-                await self._refuse(stream, "malformed", text_response(400, f"malformed HTTP request: {exc}\n"))
-                return
+                refusal = ("malformed", text_response(400, f"malformed HTTP request: {exc}\n"))
             if parsing.too_large:
-                too_large = text_response(413, f"the body is larger than {self._max_body} bytes\n")
-                await self._refuse(stream, "too_large", too_large)
-                return
-            if parsing.head_too_large or (not parsing.headers_complete and parsing.head_bytes > MAX_HEAD_BYTES):
-                too_long = text_response(431, "the request's headers are too large\n")
-                await self._refuse(stream, "head_too_large", too_long)
-                return
+                refusal = ("too_large", text_response(413, f"the body is larger than {self._max_body} bytes\n"))
+            elif parsing.head_too_large or (not parsing.headers_complete and parsing.head_bytes > MAX_HEAD_BYTES):
+                refusal = ("head_too_large", text_response(431, "the request's headers are too large\n"))
+            # the requests complete before a refused one are answered first: answers go out in order
             while parsing.done:
                 request, keep_alive = parsing.done.pop(0)
                 if upgrade_at is not None and not parsing.done:
@@ -305,6 +304,9 @@ class HttpServer:
                 await self._send(stream, response, keep_alive=keep_alive, request=request)
                 if not keep_alive:
                     return
+            if refusal is not None:
+                await self._refuse(stream, *refusal)
+                return
             if parsing.expects_continue:
                 parsing.expects_continue = False
                 await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")

@@ -162,6 +162,21 @@ def test_a_declared_body_over_the_limit_is_refused_before_it_is_sent():
     trio.run(main)
 
 
+def test_calls_pipelined_before_a_refused_one_are_answered_first_and_nothing_after_it():
+    async def main() -> None:
+        async with serving() as node:
+            stream = await node.connect()
+            too_large = b"POST / HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Content-Length: %d\r\n\r\n" % (LIMIT + 1)
+            await stream.send_all(_post(CALL) + too_large + b" " * (LIMIT + 1) + _post(CALL))
+            reader = Reader(stream)
+            status, headers, body = await reader.answer()
+            assert (status, json.loads(body)["result"]) == (200, 1) and "connection" not in headers
+            assert (await reader.answer())[0] == 413 and await reader.closed()
+            assert node.seen == [1]
+
+    trio.run(main)
+
+
 def test_a_chunked_body_is_refused_once_it_passes_the_limit():
     async def main() -> None:
         async with serving() as node:
