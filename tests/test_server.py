@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from wsproto.connection import Connection as WsConnection
 from wsproto.connection import ConnectionType
 from wsproto.events import CloseConnection, Ping, Pong, TextMessage
@@ -353,6 +355,47 @@ def test_a_failure_inside_dispatch_answers_500_and_the_connection_goes_on():
             assert (await reader.answer())[:3:2] == (500, b"internal server error\n")
             await stream.send_all(_post(CALL))
             assert json.loads((await reader.answer())[2])["result"] == 1
+
+    trio.run(main)
+
+
+_PIECES = st.one_of(
+    st.just(_post(CALL)),
+    st.just(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"),
+    st.just(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+    st.binary(max_size=64).map(lambda body: _post(body)),
+    st.binary(max_size=200),
+    st.text(alphabet="GETPOS /HTP1.0:\r\nContent-Lgh-e", max_size=80).map(str.encode),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(pieces=st.lists(_PIECES, min_size=1, max_size=5), cuts=st.lists(st.integers(1, 50), max_size=6))
+def test_any_bytes_get_well_formed_answers_or_a_close_and_the_server_goes_on(pieces, cuts):
+    """Whatever arrives, split wherever: every answer is a whole HTTP/1.1 answer with a status the server uses, and
+    a new connection is served afterwards."""
+    data = b"".join(pieces)
+
+    async def main() -> None:
+        async with serving() as node:
+            stream = await node.connect()
+            start = 0
+            for cut in cuts:
+                await stream.send_all(data[start : start + cut])
+                start += cut
+            await stream.send_all(data[start:])
+            await stream.send_eof()  # the server answers what it has, then closes
+            reader = Reader(stream)
+            with trio.fail_after(WAIT):
+                while True:
+                    try:
+                        if not reader.buffer and not await reader._fill():
+                            break
+                        status, _, _ = await reader.answer()
+                    except trio.BrokenResourceError:
+                        break  # reset by the server after a refusal: allowed
+                    assert status in (100, 200, 204, 400, 401, 404, 405, 413, 431, 503), status
+            assert (await exchange(node, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200
 
     trio.run(main)
 
