@@ -2,7 +2,7 @@
 
 Usage: python -m bench.bench_rpc [--ops 20000] [--clients 8] [--per-call 50] [--experiences 10000,100000]
                                  [--queries 300] [--interval 20] [--rounds 2] [--load-ops 40000]
-                                 [--skip submit|retrieve]
+                                 [--skip submit|retrieve] [--model network]
 
 Figures, each against a baseline measured in the same run:
   submit     N signed operations (bench.workload) sent to a fresh daemon by C clients, each with one call in
@@ -17,6 +17,8 @@ Figures, each against a baseline measured in the same run:
              back to back are timed too, since a node that idles between calls answers them more slowly.
 
 The clients run on the daemon's machine and share its cores; the output says how much CPU each side used.
+Data directories go to $BENCH_DIR (default: the system's temporary directory); BENCH_DIR=/dev/shm takes the
+disk's sync latency out of both sides, leaving the CPU-bound case.
 Client overhead is kept small: request bodies are encoded before the clock starts, each client is a bare
 `http.client` connection (no httpx), answers are parsed after the run, and the load of the retrieval
 measurement runs in its own process, so the retrieving client never waits for the load clients' GIL.
@@ -250,11 +252,18 @@ class DaemonRun:
         return self.operations / self.sent.seconds
 
 
-def submit_to_daemon(label: str, blocks: Sequence[Block], clients: int, per_call: int) -> DaemonRun:
+def daemon_home(home: Path, model: str) -> None:
+    """`expledger init`, with `[retrieval] model` set."""
+    init_home(home)
+    config = home / "config.toml"
+    config.write_text(re.sub(r'(?m)^model = ".*"', f'model = "{model}"', config.read_text()))
+
+
+def submit_to_daemon(label: str, blocks: Sequence[Block], clients: int, per_call: int, model: str) -> DaemonRun:
     bodies = submissions(blocks, per_call, clients)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         home = Path(tmp) / "node"
-        init_home(home)
+        daemon_home(home, model)
         with running(home) as daemon:
             user, system = cpu_seconds(daemon.process.pid)
             client_cpu = time.process_time()
@@ -278,7 +287,7 @@ def submit_to_daemon(label: str, blocks: Sequence[Block], clients: int, per_call
     )
 
 
-def bench_submit(count: int, clients: int, per_call: int) -> None:
+def bench_submit(count: int, clients: int, per_call: int, model: str) -> None:
     params = NetworkParams()
     progress(f"generating {count:,} signed operations (WordLlama embeddings) ...")
     blocks = list(operations(count, params))
@@ -294,7 +303,7 @@ def bench_submit(count: int, clients: int, per_call: int) -> None:
     runs = []
     for per in [1, per_call] if per_call > 1 else [1]:
         progress(f"RPC submit from {clients} clients, {per} operation(s) per call, to a fresh daemon ...")
-        runs.append(submit_to_daemon(f"{per} operation{'s' if per > 1 else ''} per call", blocks, clients, per))
+        runs.append(submit_to_daemon(f"{per} operation{'s' if per > 1 else ''} per call", blocks, clients, per, model))
         baseline(max(1, round(runs[-1].batch_mean)))  # the batch size the daemon formed
 
     mean_bytes = sum(map(len, datas)) / len(datas)
@@ -515,12 +524,12 @@ class SizeResult:
     status: dict[str, Any]  # the daemon's status after the last round
 
 
-def bench_retrieve(sizes: list[int], setup: RetrievalSetup) -> list[SizeResult]:
+def bench_retrieve(sizes: list[int], setup: RetrievalSetup, model: str) -> list[SizeResult]:
     rng = random.Random(7)
     results = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         home, load = Path(tmp) / "library", Path(tmp) / "load.pickle"
-        init_home(home)
+        daemon_home(home, model)
         params = Home(home).network()
         source = Texts(rng)
         for size in sizes:
@@ -601,13 +610,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2, help="idle + under-load pairs per library size")
     parser.add_argument("--load-ops", type=int, default=40_000, help="operations ready for the load, per size")
     parser.add_argument("--skip", choices=["submit", "retrieve"], help="leave out one part")
+    parser.add_argument(
+        "--model",
+        default="network",
+        help='the daemons\' [retrieval] model (default "network"; a node-local one embeds every new experience again '
+        "on a background thread and answers `retrieve` with its own vectors: see bench_retrieval)",
+    )
     args = parser.parse_args(argv)
     sizes = sorted(int(size) for size in args.experiences.split(","))
     if args.skip != "submit":
-        bench_submit(args.ops, args.clients, args.per_call)
+        bench_submit(args.ops, args.clients, args.per_call, args.model)
     if args.skip != "retrieve":
         setup = RetrievalSetup(args.clients, args.queries, args.rounds, args.load_ops, args.interval / 1000)
-        report_retrieve(bench_retrieve(sizes, setup), setup)
+        report_retrieve(bench_retrieve(sizes, setup, args.model), setup)
     return 0
 
 

@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass, field
 
 import trio
-from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
 
 from ledger.errors import LedgerError
 from ledger.keys import AuthorKey
@@ -35,10 +33,11 @@ from node import api, logs
 from node.config import Config
 from node.events import EventHub
 from node.home import Home, process_alive
+from node.httpserver import HttpServer
 from node.jsonrpc import Dispatcher
 from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
-from node.server import ServerState, build_app
+from node.server import NodeRoutes, ServerState
 from node.service import Node
 from p2p.gossip import Allowance
 from p2p.host import key_pair
@@ -59,8 +58,9 @@ GRACEFUL_TIMEOUT = 10.0  # seconds requests in flight get to finish after the fi
 # clients such as httpx drop idle connections themselves: with equal timeouts the server closes a connection just
 # as a client sends on it, and the call fails with "connection reset" (seen under load)
 KEEP_ALIVE_TIMEOUT = 30.0
-#: a peer that stops reading blocks hypercorn's shielded sends (and so any stop) until the kernel gives up
+#: a client that stops reading is dropped by the kernel after this long with data unacknowledged
 TCP_USER_TIMEOUT_MS = 30_000
+LISTEN_BACKLOG = 128
 
 
 class StartupError(Exception):
@@ -176,7 +176,7 @@ async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[N
             control.forced = True
             control.node_scope.cancel()
             break
-    # hypercorn's shielded socket sends and database calls in threads ignore cancellation: bound the wait
+    # database calls in threads ignore cancellation: bound the wait
     await trio.sleep(HARD_EXIT_AFTER)
     log.error("still running %.0f s after a forced stop; exiting hard", HARD_EXIT_AFTER)
     os._exit(EXIT_HARD)
@@ -206,25 +206,24 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     metrics.log_size.set(view.log_size)
     metrics.pending.set(ledger.pending_count())
     metrics.live_experiences.set(ledger.live_count())
-    server_config = HypercornConfig()
-    server_config.bind = [f"fd://{startup.sock.detach()}"]  # hypercorn's socket object now owns the descriptor
-    server_config.graceful_timeout = GRACEFUL_TIMEOUT
-    server_config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT
-    server_config.read_timeout = 30  # a client that stalls mid-request is dropped
-    # pings keep listening-only websocket clients within read_timeout; a stop waits for the ping timer of
-    # every websocket open in the last interval, so it is short
-    server_config.websocket_ping_interval = 2
-    server_config.accesslog = None
-    server_config.errorlog = logging.getLogger("hypercorn.error")
+    routes = NodeRoutes(state)
+    server = HttpServer(
+        routes.handle,
+        routes.websocket,
+        max_body=config.rpc.max_body_bytes,
+        idle_timeout=KEEP_ALIVE_TIMEOUT,
+        graceful_timeout=GRACEFUL_TIMEOUT,
+        refused=lambda reason: metrics.http_rejected.labels(reason).inc(),
+    )
+    server_stopping = trio.Event()
 
-    async def shutdown_trigger() -> None:
+    async def stop_serving() -> None:
         await control.drain.wait()
         if embedding:
             embedding.stop()
         state.stopping.set()
         hub.close()  # websocket subscribers get close code 1001 instead of waiting for the grace period
-
-    app = build_app(state, config.rpc.max_body_bytes)
+        server_stopping.set()
 
     network_stopped = trio.Event()
 
@@ -242,8 +241,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         if network is not None:
             network.stop.set()  # first: peers stop feeding the queue before it closes
 
-    async def serve_then_close_queue(*, task_status: trio.TaskStatus[list[str]]) -> None:
-        await serve(app, server_config, shutdown_trigger=shutdown_trigger, task_status=task_status)
+    async def serve_then_close_queue(*, task_status: trio.TaskStatus[None]) -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(startup.sock))
+        await server.serve(listener, server_stopping, task_status=task_status)
         await network_stopped.wait()
         node.close_queue()  # every request has been answered: the ingest task drains what is queued, then ends
 
@@ -257,12 +257,15 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
             if p2p_addrs:
                 write_file_atomically(home.p2p_addrs_file, "".join(f"{addr}\n" for addr in p2p_addrs).encode())
                 log.info("p2p: listening on %s", ", ".join(p2p_addrs))
-            binds: list[str] = await nursery.start(serve_then_close_queue)
+            startup.sock.listen(LISTEN_BACKLOG)
+            host, port = startup.sock.getsockname()[:2]
+            nursery.start_soon(stop_serving)
+            await nursery.start(serve_then_close_queue)
             if config.llm.curate:
                 from node.dso import curator  # the model's client loads only in a daemon that curates
 
                 nursery.start_soon(curator.run_until, node, config.llm, control.drain)
-            url = binds[0].rstrip("/") + "/"  # the RPC endpoint is POST /
+            url = f"http://{f'[{host}]' if ':' in host else host}:{port}/"  # the RPC endpoint is POST /
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)
     finally:
@@ -321,7 +324,7 @@ def run(home: Home, log_level: str | None = None) -> int:
     except* KeyboardInterrupt:  # raised inside a nursery it arrives wrapped in a BaseExceptionGroup
         log.warning("interrupted before the signal handler was ready")
     finally:
-        startup.sock.close()  # a no-op once hypercorn owns it
+        startup.sock.close()  # a no-op once the server's listener closed it
         if startup.local:
             startup.local.close()
         startup.ledger.close()  # saves the vector index, closes LevelDB

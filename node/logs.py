@@ -33,5 +33,3 @@ def configure(level: str, form: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("hypercorn.access", "hypercorn.error"):
-        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
