@@ -1,10 +1,11 @@
 """A small HTTP/1.1 server on trio: keep-alive connections parsed by httptools (Node.js's llhttp), websocket
 upgrades framed by wsproto.
 
-Why not a framework: every request's CPU is spent under the GIL the ingest thread needs. Hypercorn's trio
-worker with a bare ASGI endpoint spent 0.93 ms of CPU per JSON-RPC call on this 2-core machine, h11 in a loop of
-our own 0.26 ms, llhttp 0.13 ms (`scratch` measurement of the same dispatcher, 8 keep-alive clients). The node
-needs little of HTTP: a few paths, bodies up to a limit, keep-alive, one websocket, a graceful stop.
+Why not a framework: every request's CPU is spent under the GIL the ingest thread needs. With the same
+JSON-RPC dispatcher and 8 keep-alive clients on a 2-core machine, Hypercorn's trio worker (with a bare ASGI
+endpoint) spent 0.93 ms of CPU per call, an h11 loop of our own 0.26 ms, this server 0.13 ms; README "The daemon
+over RPC" has what it did to `submit`. The node needs little of HTTP: a few paths, bodies up to a limit,
+keep-alive, one websocket, a graceful stop.
 
 What it does: requests on a connection are answered in order (pipelining included); a body is read whole up to
 `max_body` (a larger Content-Length is refused before reading, a chunked body as soon as it passes the limit:
