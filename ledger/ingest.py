@@ -263,7 +263,8 @@ class Batch:
         return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending)
 
     def _applied(self, cid: bytes) -> bool:
-        return self.txn.get(opmeta_key(cid)) is not None and self.txn.get(pending_key(cid)) is None
+        stored = self.txn.get(opmeta_key(cid)) is not None
+        return stored and (self._pending == 0 or self.txn.get(pending_key(cid)) is None)
 
     def _release(self, ready: list[bytes]) -> list[bytes]:
         """Mark `ready` applied and wake, transitively, every pending operation that waited only on them."""
@@ -271,6 +272,8 @@ class Batch:
         while queue:
             cid = queue.pop()
             applied.append(cid)
+            if self._pending == 0:  # waiters exist only for pending operations: no scan (one iterator each)
+                continue
             for key, _ in list(txn.scan(waiter_prefix(cid))):
                 waiter = parse_waiter_key(key)[1]
                 txn.delete(key)

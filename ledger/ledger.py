@@ -74,6 +74,7 @@ class Ledger:
         self.node_key = node_key
         self.embedder = embedder
         self.library = Library(params)
+        self.library.mark_buckets(store)
         self._write_lock = threading.Lock()
         #: operations folded again because a late one sorted before them, since start-up
         self.refolded = 0
