@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import operator
 import re
 from collections.abc import Sequence
@@ -23,6 +24,8 @@ from ledger.errors import LedgerError
 from ledger.params import NetworkParams
 
 _WORD = re.compile(r"\w+")
+#: a float64 squared distance is within ~1e-13 of the exact one; only closer calls need integers
+_FLOAT_MARGIN = 1e-9
 
 
 class EmbedderError(LedgerError):
@@ -201,7 +204,22 @@ def within_distance(values: bytes, direction: list[int], epsilon: Fraction) -> b
     With c the float16 values scaled by 2^24 (integers), s the direction, e = p/q:
     |c/2^24 - s/|s||² <= e²  <=>  A·|s| <= B  with  A = C2 + 2^48·(1 - e²) > 0,  B = 2^25·(c·s),
     where C2 = |c|²; squared (both sides positive): (q²C2 + 2^48(q²-p²))²·|s|² <= B²·q⁴.
+
+    float64 decides first when the squared distance is clearly on one side (its error is ~1e-13,
+    the margin 1e-9): the integers, ~3x slower, only for a vector within the margin of the bound.
     """
+    vector = np.frombuffer(values, dtype="<f2").astype(np.float64)
+    along = np.asarray(direction, dtype=np.float64)
+    length = math.sqrt(float(along @ along))
+    if length > 0:
+        gap = float(np.square(vector - along / length).sum()) - float(epsilon) ** 2
+        if abs(gap) > _FLOAT_MARGIN:
+            return gap < 0
+    return exactly_within_distance(values, direction, epsilon)
+
+
+def exactly_within_distance(values: bytes, direction: list[int], epsilon: Fraction) -> bool:
+    """`within_distance` decided by the integers alone (what the float64 shortcut must agree with)."""
     scaled = (np.frombuffer(values, dtype="<f2").astype(np.float64) * (1 << 24)).astype(np.int64).tolist()
     c2 = sum(x * x for x in scaled)
     s2 = sum(x * x for x in direction)

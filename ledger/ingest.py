@@ -10,6 +10,7 @@ go-libp2p-pubsub consults its seen-cache before validating):
 4. embedding consistency, one batched embedding of the texts    -> rejected (`embedding.inconsistent`)
 5. store, log, wait for dependencies, fold: one `Batch`, one synced LevelDB write
 
+Step 3 checks the signatures of a batch last, on two threads (libsodium releases the GIL).
 Steps 0-3 need no node state beyond "is it stored": a gossip validator runs `validation.examine`
 alone. A rejection is the sender's fault (a peer scorer penalises it); an ignored item is nobody's.
 
@@ -54,7 +55,7 @@ from ledger.store import (
     waiter_key,
     waiter_prefix,
 )
-from ledger.validation import ValidationError, examine
+from ledger.validation import ValidationError, check_signatures, examine
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,13 @@ def triage(submissions: Sequence[Submission], params: NetworkParams, stored: Rea
         if stored.get(block_key(item.cid.raw)) is not None:
             item.ignored = True
             continue
-        block, errors = examine(data, params)
+        block, errors = examine(data, params, signature=False)
         item.kind = block.op.kind if block else None
         item.block, item.errors = (block, ()) if not errors else (None, tuple(errors))
+    unsigned = [item for item in checked if item.block is not None]
+    for item, error in zip(unsigned, check_signatures([item.block for item in unsigned]), strict=True):  # type: ignore[misc]
+        if error is not None:
+            item.block, item.errors = None, (error,)
     return checked
 
 
@@ -263,7 +268,8 @@ class Batch:
         return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending)
 
     def _applied(self, cid: bytes) -> bool:
-        return self.txn.get(opmeta_key(cid)) is not None and self.txn.get(pending_key(cid)) is None
+        stored = self.txn.get(opmeta_key(cid)) is not None
+        return stored and (self._pending == 0 or self.txn.get(pending_key(cid)) is None)
 
     def _release(self, ready: list[bytes]) -> list[bytes]:
         """Mark `ready` applied and wake, transitively, every pending operation that waited only on them."""
@@ -271,6 +277,8 @@ class Batch:
         while queue:
             cid = queue.pop()
             applied.append(cid)
+            if self._pending == 0:  # waiters exist only for pending operations: no scan (one iterator each)
+                continue
             for key, _ in list(txn.scan(waiter_prefix(cid))):
                 waiter = parse_waiter_key(key)[1]
                 txn.delete(key)

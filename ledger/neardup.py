@@ -24,6 +24,7 @@ BITS = 32  # hyperplanes per band: a band's hash is one unsigned 32-bit integer
 BANDS = 32
 _LABEL = b"experience-ledger/lsh/1"
 _BAND = struct.Struct(">BI")  # band number, band hash
+BAND_KEY_SIZE = _BAND.size  # bytes of a band key
 
 
 @lru_cache(maxsize=4)

@@ -24,7 +24,7 @@ FORMAT = b"experience-ledger/store/1"
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
 # the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
-# T, Y, R, C, G, Q, J, E, Z, F and META last_add.
+# T, Y, R, C, G, Q, J, E, Z, I, F and META last_add, buckets_marked.
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> operation bytes
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -47,6 +47,7 @@ MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
 ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earlier near-duplicate sharing a band, §7.6)
 BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds, in fold order)
+BUCKET_MARK = b"I"  # I band number, band hash -> "" (the bucket holds an add: a bloom-filtered get, not a scan)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
 
@@ -60,6 +61,7 @@ STATE_ROOT = META + b"state_root"
 GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 NETWORK = META + b"network"  # the network parameters the directory was created with
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
+BUCKETS_MARKED = META + b"buckets_marked"  # present once every non-empty bucket has its mark (I)
 
 
 def u64(value: int) -> bytes:
@@ -253,6 +255,10 @@ def bucket_prefix(band: bytes) -> bytes:
 
 def bucket_key(band: bytes, order: bytes) -> bytes:
     return BUCKET + band + order
+
+
+def bucket_mark_key(band: bytes) -> bytes:
+    return BUCKET_MARK + band
 
 
 def parse_bucket_key(key: bytes, band: bytes) -> bytes:

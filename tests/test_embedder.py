@@ -13,6 +13,7 @@ from ledger.embedder import (
     HashingEmbedder,
     WordLlamaEmbedder,
     embedder_for,
+    exactly_within_distance,
     pack_float16,
     unit,
     unpack_float16,
@@ -116,6 +117,19 @@ def test_the_exact_distance_test_agrees_with_floating_point_away_from_the_bounda
     distance = float(np.linalg.norm(np.frombuffer(values, dtype="<f2").astype(np.float64) - target))
     if abs(distance - float(epsilon)) > 1e-9:
         assert within_distance(values, direction, epsilon) == (distance <= float(epsilon))
+
+
+@given(
+    st.lists(st.integers(-(2**40), 2**40), min_size=16, max_size=16),
+    st.lists(st.floats(-1, 1), min_size=16, max_size=16),
+    st.floats(0.999, 1.001),
+)
+def test_the_floating_point_shortcut_agrees_with_the_integers_at_the_boundary(direction, noise, scale):
+    epsilon = Fraction(1, 500)
+    target = unit(np.asarray(direction, dtype=np.float64))
+    offset = unit(np.asarray(noise, dtype=np.float64)) * float(epsilon) * scale
+    values = pack_float16((target + offset).astype(np.float32))
+    assert within_distance(values, direction, epsilon) == exactly_within_distance(values, direction, epsilon)
 
 
 def test_no_direction_only_accepts_a_vector_near_zero():

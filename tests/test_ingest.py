@@ -37,6 +37,27 @@ def test_receipts_say_accepted_ignored_or_rejected_with_the_source(tmp_path):
     ledger.close()
 
 
+def test_a_large_batch_rejects_exactly_the_items_whose_signature_is_broken(tmp_path):
+    """Signatures of a large batch are checked on worker threads: each verdict still lands on its own item."""
+    ledger = open_ledger(tmp_path / "node")
+    blocks = [f.add(f"When checking signature {_letters(i)}, verify each one alone.") for i in range(600)]
+    items = [block.data for block in blocks]
+    broken = {7, 300, 599}
+    for index in broken:
+        flipped = bytearray(items[index])
+        flipped[-1] ^= 1
+        items[index] = bytes(flipped)
+    receipts = ledger.ingest(items)
+    rejected = {index for index, receipt in enumerate(receipts) if receipt.verdict is Verdict.REJECTED}
+    assert rejected == broken
+    assert {receipts[index].code for index in broken} == {"signature.invalid"}
+    ledger.close()
+
+
+def _letters(number: int) -> str:
+    return "".join(chr(ord("a") + int(digit)) for digit in str(number))
+
+
 def test_a_repeated_invalid_item_is_rejected_both_times(tmp_path):
     ledger = open_ledger(tmp_path / "node")
     receipts = ledger.ingest([b"\xa1", b"\xa1"])
