@@ -10,9 +10,10 @@ keep-alive, one websocket, a graceful stop.
 What it does: requests on a connection are answered in order (pipelining included); a body is read whole up to
 `max_body` (a larger Content-Length is refused before reading, a chunked body as soon as it passes the limit:
 413 and the connection closes); `Expect: 100-continue` is honoured; an idle connection closes after
-`idle_timeout`, one stalled mid-request too; malformed HTTP gets 400 and the connection closes. At `drain` the
-listener stops accepting, idle connections close, requests in flight are answered, and whatever is still open
-after `graceful_timeout` is cancelled.
+`idle_timeout`, and so does one whose request has not arrived whole within `idle_timeout` of its first bytes
+(a client trickling a byte at a time cannot hold a connection); malformed HTTP gets 400 and the connection
+closes. At `drain` the listener stops accepting, idle connections close, requests in flight are answered, and
+whatever is still open after `graceful_timeout` is cancelled.
 """
 
 from __future__ import annotations
@@ -276,10 +277,15 @@ class HttpServer:
 
     async def _requests(self, stream: trio.SocketStream) -> None:
         parsing = _Parsing(self._max_body)
+        deadline: float | None = None  # a request must arrive whole within the timeout of its first bytes
         while True:
-            data = await self._receive(stream, idle=not parsing.in_request)
+            if not parsing.in_request:
+                deadline = None
+            data = await self._receive(stream, deadline)
             if not data:
                 return  # closed by the client, timed out, or the server is draining
+            if deadline is None:
+                deadline = trio.current_time() + self._idle_timeout
             if not parsing.headers_complete:
                 parsing.head_bytes += len(data)
             upgrade_at: int | None = None
@@ -305,6 +311,8 @@ class HttpServer:
                 await self._send(stream, response, keep_alive=keep_alive, request=request)
                 if not keep_alive:
                     return
+                # a request begun behind this one (pipelined) gets its whole time from now
+                deadline = trio.current_time() + self._idle_timeout
             if refusal is not None:
                 await self._refuse(stream, *refusal)
                 return
@@ -322,11 +330,13 @@ class HttpServer:
             while dropped < LINGER_BYTES and (data := await stream.receive_some(RECEIVE_BYTES)):
                 dropped += len(data)
 
-    async def _receive(self, stream: trio.SocketStream, *, idle: bool) -> bytes:
-        """The next bytes; b"" at the end of the stream, after the timeout, or when draining finds it idle."""
+    async def _receive(self, stream: trio.SocketStream, deadline: float | None) -> bytes:
+        """The next bytes; b"" at the end of the stream, at the deadline of the request under way (None: between
+        requests, idle, whose timeout starts now), or when draining finds the connection idle."""
+        idle = deadline is None
         if idle and self._draining:
             return b""
-        with trio.move_on_after(self._idle_timeout) as scope:
+        with trio.move_on_at(trio.current_time() + self._idle_timeout if idle else deadline) as scope:
             if idle:
                 self._idle.add(scope)
             try:

@@ -5,6 +5,7 @@ websocket handshakes) and the routes' answers (a stopping node, a failure inside
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -285,6 +286,23 @@ def test_an_idle_connection_and_one_stalled_mid_request_are_closed_after_the_tim
             await stalled.send_all(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
             assert await Reader(idle).closed() and await Reader(stalled).closed()
             assert node.seen == []
+
+    trio.run(main)
+
+
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_timeout():
+    async def main() -> None:
+        async with serving(idle_timeout=0.3) as node:
+            stream = await node.connect()
+            request = b"GET /health HTTP/1.1\r\nX-Slow: " + b"s" * 150 + b"\r\n\r\n"
+            sent = 0
+            with contextlib.suppress(trio.BrokenResourceError):
+                for byte in request:  # each byte well within the timeout, the whole request far beyond it
+                    await stream.send_all(bytes([byte]))
+                    sent += 1
+                    await trio.sleep(0.02)
+            assert sent < len(request), "the server waited for the whole trickled request"
+            assert await Reader(stream).closed()
 
     trio.run(main)
 
