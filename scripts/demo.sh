@@ -17,18 +17,8 @@ if [ -n "${EXPLEDGER_DEMO_VENV:-}" ]; then
   python="$EXPLEDGER_DEMO_VENV/bin/python"
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
-  PYTHON=${PYTHON:-python3}
-  if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-    echo "scripts/demo.sh: Python 3.11 or newer is required ($("$PYTHON" --version 2>&1) found); set PYTHON=" >&2
-    exit 2
-  fi
-  if [ ! -x .venv/bin/python ]; then
-    echo "creating .venv"
-    "$PYTHON" -m venv .venv
-  fi
-  echo "installing the project into .venv (about a minute the first time)"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e .
+  source scripts/venv.sh
+  project_venv scripts/demo.sh . "installing the project into .venv (about a minute the first time)"
   python=.venv/bin/python
 fi
 
