@@ -63,13 +63,12 @@ def progress(message: str) -> None:
 
 def node_home(root: Path, name: str, genesis: Path | None, bootstrap: list[str]) -> Path:
     home = root / name
-    init_home(home, network=genesis, p2p=P2P)
-    config = home / "config.toml"
-    listed = ", ".join(f'"{addr}"' for addr in bootstrap)
-    text = config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]")
     # no node-local retrieval model: its background embedding would take each daemon's share of the 2 cores
     # from what this measures (nobody queries here)
-    config.write_text(re.sub(r'(?m)^model = ".*"', 'model = "network"', text))
+    init_home(home, network=genesis, p2p=P2P, retrieval_model="network")
+    config = home / "config.toml"
+    listed = ", ".join(f'"{addr}"' for addr in bootstrap)
+    config.write_text(config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]"))
     return home
 
 

@@ -252,18 +252,11 @@ class DaemonRun:
         return self.operations / self.sent.seconds
 
 
-def daemon_home(home: Path, model: str) -> None:
-    """`expledger init`, with `[retrieval] model` set."""
-    init_home(home)
-    config = home / "config.toml"
-    config.write_text(re.sub(r'(?m)^model = ".*"', f'model = "{model}"', config.read_text()))
-
-
 def submit_to_daemon(label: str, blocks: Sequence[Block], clients: int, per_call: int, model: str) -> DaemonRun:
     bodies = submissions(blocks, per_call, clients)
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         home = Path(tmp) / "node"
-        daemon_home(home, model)
+        init_home(home, retrieval_model=model)
         with running(home) as daemon:
             user, system = cpu_seconds(daemon.process.pid)
             client_cpu = time.process_time()
@@ -529,7 +522,7 @@ def bench_retrieve(sizes: list[int], setup: RetrievalSetup, model: str) -> list[
     results = []
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         home, load = Path(tmp) / "library", Path(tmp) / "load.pickle"
-        daemon_home(home, model)
+        init_home(home, retrieval_model=model)
         params = Home(home).network()
         source = Texts(rng)
         for size in sizes:

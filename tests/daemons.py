@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -32,16 +33,27 @@ def expledger(*args: str, home: Path | None = None, timeout: float = 120) -> sub
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
-def init_home(home: Path, *, network: Path | None = None, config: str | None = None, p2p: str = "") -> None:
+def init_home(
+    home: Path,
+    *,
+    network: Path | None = None,
+    config: str | None = None,
+    p2p: str = "",
+    retrieval_model: str | None = None,
+) -> None:
     """`expledger init` on a free RPC port; `p2p` is its libp2p listen address ("": none, a node on its own;
-    /ip4/127.0.0.1/tcp/0: any free port); `config` (TOML) replaces the config it wrote."""
+    /ip4/127.0.0.1/tcp/0: any free port); `config` (TOML) replaces the config it wrote; `retrieval_model` sets
+    its `[retrieval] model` (the benchmarks use "network": no background embedding takes their cores)."""
     args = ["init", "--home", str(home), "--rpc", "127.0.0.1:0", "--p2p", p2p]
     if network is not None:
         args = ["--network", str(network), *args]
     result = subprocess.run([str(EXPLEDGER), *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    path = home / "config.toml"
     if config is not None:
-        (home / "config.toml").write_text(config)
+        path.write_text(config)
+    if retrieval_model is not None:  # the written config's only uncommented `model =` is [retrieval]'s
+        path.write_text(re.sub(r'(?m)^model = ".*"$', f'model = "{retrieval_model}"', path.read_text(), count=1))
 
 
 @dataclass
