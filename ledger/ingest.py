@@ -23,7 +23,7 @@ failed write needs no undoing.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -33,6 +33,7 @@ from ledger.library import Fold, Library, OpMeta
 from ledger.merkle import LogAppender
 from ledger.ops import Block, Kind, Operation, load_stored
 from ledger.params import NetworkParams
+from ledger.priority import NEVER
 from ledger.records import OpStatus
 from ledger.stateroot import StateRoot
 from ledger.store import (
@@ -152,11 +153,16 @@ class Checked:
     kind: Kind | None = None  # once the bytes decoded
 
 
-def triage(submissions: Sequence[Submission], params: NetworkParams, stored: ReadView) -> list[Checked]:
-    """Steps 0-3: every submission checked as far as it goes; valid new ones carry their Block."""
+def triage(
+    submissions: Sequence[Submission], params: NetworkParams, stored: ReadView, pause: Callable[[], None] = NEVER.pause
+) -> list[Checked]:
+    """Steps 0-3: every submission checked as far as it goes; valid new ones carry their Block.
+
+    `pause()` is called between submissions (reads go first)."""
     checked: list[Checked] = []
     positions: dict[bytes, int] = {}
     for index, submission in enumerate(submissions):
+        pause()
         item = Checked(submission)
         checked.append(item)
         data: object = submission.data
@@ -217,8 +223,12 @@ class WriterState:
 class Batch:
     """The writes of one ingest, built on a committed state; `commit` makes them durable in one write."""
 
-    def __init__(self, store: Store, library: Library, base: WriterState) -> None:
+    def __init__(
+        self, store: Store, library: Library, base: WriterState, pause: Callable[[], None] = NEVER.pause
+    ) -> None:
+        """`pause()` is called between operations (reads go first)."""
         self.base = base
+        self._pause = pause
         self._store = store
         self.txn: Transaction = store.transaction()
         self._library = library
@@ -232,6 +242,7 @@ class Batch:
         """Store, log and index `blocks`, apply what has every dependency, and fold it."""
         txn, ready = self.txn, []
         for block in blocks:
+            self._pause()
             cid, meta = block.cid.raw, OpMeta.of(block.op)
             txn.put(block_key(cid), block.data)
             txn.put(opmeta_key(cid), meta.encode())
@@ -251,7 +262,7 @@ class Batch:
         txn.put(STATE_ROOT, self._root.to_bytes())
         new_ops = {block.cid.raw: block.op for block in blocks}
         ops = [new_ops[cid] if cid in new_ops else load_stored(txn.get(block_key(cid))) for cid in self.applied]
-        self.fold = self._library.fold(txn, list(zip(self.applied, ops, strict=True)))
+        self.fold = self._library.fold(txn, list(zip(self.applied, ops, strict=True)), pause=self._pause)
 
     def refold(self, applied: list[tuple[bytes, Operation]]) -> None:
         """Clear the library's tables and fold every applied operation again (a rebuild, logged as it goes)."""

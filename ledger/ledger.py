@@ -22,7 +22,7 @@ import numpy as np
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.embedder import Embedder, embedder_for, unpack_float16
+from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex, exact_nearest
 from ledger.ingest import Batch, Receipt, Submission, Verdict, WriterState, as_submissions, triage
@@ -31,6 +31,7 @@ from ledger.library import Fold, Library
 from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
 from ledger.ops import load_stored
 from ledger.params import NetworkParams
+from ledger.priority import ReadPriority
 from ledger.store import (
     NETWORK,
     Store,
@@ -51,14 +52,15 @@ NODE_KEY = "node.key"
 #: the newest signed tree head, kept outside the database as its high-water mark: a database that
 #: holds less than this (a lost write-ahead log, an older copy) is refused instead of served
 HEAD_FILE = "tree-head.cbor"
-#: vectors inserted into the index per hold of its lock (~0.3 ms each at 100k experiences, one thread)
-_INDEX_CHUNK = 32
+#: vectors inserted into the index per hold of its lock (0.3-1 ms each at 100k experiences, one thread): a
+#: search waits for at most one chunk
+_INDEX_CHUNK = 4
 #: index changes committed but not yet inserted beyond which the writer waits for the index thread: it bounds
 #: the memory of the backlog and the exact scoring every search adds for it (~1 ms for 4,096 vectors)
 _BACKLOG_LIMIT = 4096
-#: how long the index thread lets waiting searches go before its next chunk, at most (a steady stream of
-#: searches must not starve the index: its backlog is bounded, and the writer waits on it)
-_SEARCH_PRIORITY = 0.02
+#: how long the writer and the index thread wait for reads in flight at a time, at most (ledger/priority.py: a
+#: steady stream of reads must not starve them; the index's backlog is bounded, and the writer waits on it)
+_READ_PRIORITY = 0.02
 #: the mark trails the database by at most this many seconds of commits (and never a signed head)
 _MARK_INTERVAL = 1.0
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
@@ -101,8 +103,8 @@ class Ledger:
         self._backlog_size = 0
         self._feeding = False  # an index thread is running (it exits when the backlog is empty)
         self._epoch = 0  # bumped by a rebuild: an index thread drops the batch it was inserting
-        self._searches = 0  # searches waiting for or holding _index_lock: the index thread lets them go first
-        self._searches_lock = threading.Lock()
+        #: reads (searches, retrieval) in flight: the writer and the index thread let them go first
+        self.reads = ReadPriority(_READ_PRIORITY)
         self._index_changed = threading.Condition(self._index_lock)
         self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim, node_key.did)
         why = self._index.load(self._state.generation)
@@ -268,7 +270,7 @@ class Ledger:
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
-            checked = triage(submissions, self.params, self.store)
+            checked = triage(submissions, self.params, self.store, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
             inconsistent = check_embeddings(new, self.embedder, self.params)
             for item in checked:
@@ -276,7 +278,7 @@ class Ledger:
                     item.block, item.errors = None, (inconsistent[item.block.cid.raw],)
             accepted = [item.block for item in checked if item.block is not None]
             if accepted:
-                batch = Batch(self.store, self.library, self._state)
+                batch = Batch(self.store, self.library, self._state, self.reads.pause)
                 batch.store(accepted)
                 self._publish(batch, batch.commit())
                 if released is not None:
@@ -362,7 +364,7 @@ class Ledger:
             steps += [(dict(live[i : i + _INDEX_CHUNK]), []) for i in range(0, len(live), _INDEX_CHUNK)]
             try:
                 for additions, removals in steps:
-                    self._let_searches_first()
+                    self.reads.pause()
                     with self._index_lock:
                         if epoch != self._epoch:
                             break
@@ -377,17 +379,6 @@ class Ledger:
                 log.exception("updating the vector index failed; rebuilding it")
                 with self._index_lock:
                     self._rebuild_index_locked("an update failed")
-
-    def _let_searches_first(self) -> None:
-        """Wait (up to _SEARCH_PRIORITY seconds) while searches wait for the index lock.
-
-        A lock is not fair: the index thread, releasing it after a chunk and taking it again at
-        once, kept a waiting search out for a whole batch's chunks (p99 170 ms, up to 390 ms at
-        100k operations). A search holds the lock ~1 ms.
-        """
-        deadline = time.monotonic() + _SEARCH_PRIORITY
-        while self._searches and time.monotonic() < deadline:
-            time.sleep(0.0005)
 
     def _forget(self, changes: list[tuple[bytes, tuple[bytes, bytes] | None]]) -> None:
         """A batch is in the index: its changes leave the backlog unless a later batch queued the same experience."""
@@ -406,20 +397,15 @@ class Ledger:
         dropped, and the queued live vectors are scored one by one. The index may already reflect
         a batch newer than a reader's view: callers check each candidate against their view.
         """
-        with self._searches_lock:
-            self._searches += 1
-        try:
-            with self._index_lock:
-                unindexed = dict(self._unindexed)
-                stale = sum(1 for exp_id in unindexed if exp_id in self._index)
-                found = [item for item in self._index.search(vector, count + stale) if item[0] not in unindexed]
-        finally:
-            with self._searches_lock:
-                self._searches -= 1
+        with self.reads.reading(), self._index_lock:
+            unindexed = dict(self._unindexed)
+            stale = sum(1 for exp_id in unindexed if exp_id in self._index)
+            found = [item for item in self._index.search(vector, count + stale) if item[0] not in unindexed]
         found = found[:count]
         queued = [(exp_id, change[1]) for exp_id, change in unindexed.items() if change is not None]
         if queued and count > 0:
-            rows = np.stack([unpack_float16(values) for _, values in queued])
+            packed = np.frombuffer(b"".join(values for _, values in queued), dtype="<f2")
+            rows = packed.reshape(len(queued), -1).astype(np.float32)  # one conversion, not one per vector
             found += exact_nearest([exp_id for exp_id, _ in queued], rows, vector, count)
             found = sorted(found, key=lambda item: (-item[1], item[0]))[:count]
         return [(CID(exp_id), score) for exp_id, score in found]

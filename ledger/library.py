@@ -28,6 +28,7 @@ from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE, band_keys, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
+from ledger.priority import NEVER
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
 from ledger.store import (
     ABSORBS,
@@ -396,14 +397,17 @@ class Library:
         txn: Transaction,
         ready: list[tuple[bytes, Operation]],
         progress: Callable[[int, int], None] | None = None,
+        pause: Callable[[], None] = NEVER.pause,
     ) -> Fold:
         """Fold newly applied operations: place each in its component, fold the components they changed,
         then count the votes. Writes only into `txn`; the returned Fold says what the index must follow.
-        `progress(done, total)` is called every 10,000 placed operations (long rebuilds)."""
+        `progress(done, total)` is called every 10,000 placed operations (long rebuilds); `pause()` between
+        operations and components (reads go first)."""
         work = _Work(Fold(dict(ready), changed=bool(ready)), _Records(txn))
         votes = []
         ordered = sorted(ready, key=lambda item: order_key(item[1].clock, item[0]))
         for done, (cid, op) in enumerate(ordered, 1):
+            pause()
             order = order_key(op.clock, cid)
             meta = self.meta(txn, cid)
             txn.put(ordered_key(order), b"")
@@ -419,6 +423,7 @@ class Library:
             if progress and done % 10_000 == 0:
                 progress(done, len(ordered))
         for component, start in list(work.dirty.items()):
+            pause()
             self._fold_component(work, component, start)
         self._publish_changes(work)
         for cid, op in votes:

@@ -70,7 +70,10 @@ class Retriever:
         """
         if k <= 0:
             return []
-        threshold = self.threshold if threshold is None else threshold
+        with self._ledger.reads.reading():  # the writer and the index thread give way meanwhile
+            return self._retrieve(query, k, self.threshold if threshold is None else threshold, domain_prefix)
+
+    def _retrieve(self, query: str, k: int, threshold: float, domain_prefix: str | None) -> list[Hit]:
         view = self._ledger.view()
         count = max(k * 2, k + 8)
         vector = self._query_vector(query)
