@@ -56,7 +56,7 @@ from ledger.store import (
     waiter_key,
     waiter_prefix,
 )
-from ledger.validation import ValidationError, check_signatures, examine
+from ledger.validation import SignatureChecks, ValidationError, examine
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def triage(
     `pause()` is called between submissions (reads go first)."""
     checked: list[Checked] = []
     positions: dict[bytes, int] = {}
+    signatures = SignatureChecks(len(submissions))
     for index, submission in enumerate(submissions):
         pause()
         item = Checked(submission)
@@ -195,8 +196,10 @@ def triage(
         block, errors = examine(data, params, signature=False)
         item.kind = block.op.kind if block else None
         item.block, item.errors = (block, ()) if not errors else (None, tuple(errors))
+        if block is not None and not errors:
+            signatures.add(block)
     unsigned = [item for item in checked if item.block is not None]
-    for item, error in zip(unsigned, check_signatures([item.block for item in unsigned]), strict=True):  # type: ignore[misc]
+    for item, error in zip(unsigned, signatures.verdicts(), strict=True):
         if error is not None:
             item.block, item.errors = None, (error,)
     return checked

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ledger import codec
+from ledger.bucketfilter import BucketFilter
 from ledger.cid import CID
 from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
@@ -33,6 +34,7 @@ from ledger.ops import load_stored
 from ledger.params import NetworkParams
 from ledger.priority import ReadPriority
 from ledger.store import (
+    BUCKET_MARK,
     NETWORK,
     Store,
     StoreError,
@@ -78,7 +80,7 @@ class Ledger:
         self.store = store
         self.node_key = node_key
         self.embedder = embedder
-        self.library = Library(params)
+        self.library = Library(params, BucketFilter(data_dir, node_key.did))
         self.library.mark_buckets(store)
         self._write_lock = threading.Lock()
         #: operations folded again because a late one sorted before them, since start-up
@@ -112,6 +114,12 @@ class Ledger:
         self.index_status = why or "loaded"
         if why is not None:
             self.rebuild_index(why)
+        marks = self._snapshot  # a rebuild thread reads the marks as they are now; the writer adds its own
+        #: "loaded", or why the saved bucket filter could not be used and is being rebuilt (last: nothing after
+        #: this may fail and leave that thread reading a closed database)
+        self.bucket_filter_status = self.library.buckets.open(
+            self._state.generation, (key[1:] for key, _ in marks.scan(BUCKET_MARK))
+        )
 
     @classmethod
     def open(cls, data_dir: Path, params: NetworkParams | None = None, embedder: Embedder | None = None) -> Ledger:
@@ -153,7 +161,9 @@ class Ledger:
                     while self._backlog:
                         self._index_changed.wait()
                     self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
+                self.library.buckets.save(self._state.generation)  # likewise
             finally:
+                self.library.buckets.close()
                 self.store.close()
 
     def view(self) -> LedgerView:

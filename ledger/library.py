@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from ledger import codec
+from ledger.bucketfilter import BucketFilter
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE, band_keys, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
@@ -248,8 +249,9 @@ def _raw(cid: CID) -> bytes:
 class Library:
     """Reads and folds the library's tables. Holds no view: every read names the one it reads."""
 
-    def __init__(self, params: NetworkParams) -> None:
+    def __init__(self, params: NetworkParams, buckets: BucketFilter) -> None:
         self._params = params
+        self.buckets = buckets  # which near-duplicate buckets may be marked (the writer's)
         self._threshold = Fraction(params.near_duplicate_cosine)
         # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it.
         self._meta: dict[bytes, OpMeta] = {}
@@ -478,7 +480,7 @@ class Library:
         tests the later adds of its buckets, which it may now absorb). Most buckets are empty: a
         mark per bucket says so with one get, which LevelDB's bloom filters answer without reading
         a block, where opening an iterator seeks every level of the database (80% of the writer's
-        scans; their cost grew with the database).
+        scans; their cost grew with the database); the bucket filter answers most of those gets.
         """
         params, threshold = self._params, self._threshold
         verdicts: dict[bytes, bool] = {}
@@ -497,7 +499,8 @@ class Library:
             txn.put(LAST_ADD, order)
         for band in band_keys(values, params.embedding_model, params.embedding_dim):
             txn.put(bucket_key(band, order), b"")
-            if txn.get(bucket_mark_key(band)) is None:  # an empty bucket (most are): nothing to test
+            # an empty bucket (most are): nothing to test; the filter knows most of them without a get
+            if not self.buckets.mark(band) or txn.get(bucket_mark_key(band)) is None:
                 txn.put(bucket_mark_key(band), b"")
                 continue
             prefix = bucket_prefix(band)
