@@ -10,7 +10,9 @@ go-libp2p-pubsub consults its seen-cache before validating):
 4. embedding consistency, one batched embedding of the texts    -> rejected (`embedding.inconsistent`)
 5. store, log, wait for dependencies, fold: one `Batch`, one synced LevelDB write
 
-Step 3 checks the signatures of a batch last, on two threads (libsodium releases the GIL).
+Step 3 hands the signatures of a batch to two threads (libsodium releases the GIL), which check
+them while the writer decodes the rest and runs step 4; a bad signature is the verdict reported
+even when step 4 also failed, and nothing is stored before every signature is settled.
 Steps 0-3 need no node state beyond "is it stored": a gossip validator runs `validation.examine`
 alone. A rejection is the sender's fault (a peer scorer penalises it); an ignored item is nobody's.
 
@@ -154,14 +156,18 @@ class Checked:
 
 
 def triage(
-    submissions: Sequence[Submission], params: NetworkParams, stored: ReadView, pause: Callable[[], None] = NEVER.pause
+    submissions: Sequence[Submission],
+    params: NetworkParams,
+    stored: ReadView,
+    signatures: SignatureChecks,
+    pause: Callable[[], None] = NEVER.pause,
 ) -> list[Checked]:
-    """Steps 0-3: every submission checked as far as it goes; valid new ones carry their Block.
+    """Steps 0-3: every submission checked as far as it goes; valid new ones carry their Block, and their
+    signature is being checked in `signatures` (see `settle_signatures`).
 
     `pause()` is called between submissions (reads go first)."""
     checked: list[Checked] = []
     positions: dict[bytes, int] = {}
-    signatures = SignatureChecks(len(submissions))
     for index, submission in enumerate(submissions):
         pause()
         item = Checked(submission)
@@ -196,13 +202,17 @@ def triage(
         block, errors = examine(data, params, signature=False)
         item.kind = block.op.kind if block else None
         item.block, item.errors = (block, ()) if not errors else (None, tuple(errors))
-        if block is not None and not errors:
-            signatures.add(block)
-    unsigned = [item for item in checked if item.block is not None]
-    for item, error in zip(unsigned, signatures.verdicts(), strict=True):
-        if error is not None:
-            item.block, item.errors = None, (error,)
+        if item.block is not None:
+            signatures.add(item.block)
     return checked
+
+
+def settle_signatures(checked: list[Checked], signatures: SignatureChecks) -> None:
+    """Wait for the signature verdicts of `triage`: an item whose signature fails is rejected for that alone."""
+    failed = {cid: error for cid, error in signatures.verdicts().items() if error is not None}
+    for item in checked:
+        if item.cid is not None and item.first is None and item.cid.raw in failed:
+            item.block, item.errors = None, (failed[item.cid.raw],)
 
 
 @dataclass(frozen=True, slots=True)

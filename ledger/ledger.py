@@ -26,7 +26,16 @@ from ledger.cid import CID
 from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex, exact_nearest
-from ledger.ingest import Batch, Receipt, Submission, Verdict, WriterState, as_submissions, triage
+from ledger.ingest import (
+    Batch,
+    Receipt,
+    Submission,
+    Verdict,
+    WriterState,
+    as_submissions,
+    settle_signatures,
+    triage,
+)
 from ledger.keys import AuthorKey
 from ledger.library import Fold, Library
 from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
@@ -44,7 +53,7 @@ from ledger.store import (
     opmeta_key,
     write_file_atomically,
 )
-from ledger.validation import check_embeddings
+from ledger.validation import SignatureChecks, check_embeddings
 from ledger.view import LedgerView
 
 log = logging.getLogger(__name__)
@@ -280,9 +289,11 @@ class Ledger:
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
-            checked = triage(submissions, self.params, self.store, self.reads.pause)
+            signatures = SignatureChecks(len(submissions))
+            checked = triage(submissions, self.params, self.store, signatures, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
-            inconsistent = check_embeddings(new, self.embedder, self.params)
+            inconsistent = check_embeddings(new, self.embedder, self.params)  # while the signatures are checked
+            settle_signatures(checked, signatures)
             for item in checked:
                 if item.block is not None and item.block.cid.raw in inconsistent:
                     item.block, item.errors = None, (inconsistent[item.block.cid.raw],)

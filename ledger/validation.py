@@ -279,6 +279,7 @@ class SignatureChecks:
     def __init__(self, batch_size: int) -> None:
         """`batch_size`: how many operations the batch has (small batches are checked on the caller's thread)."""
         global _verifiers
+        self._added: list[Block] = []
         self._waiting: list[Block] = []
         self._futures: list[Future[list[ValidationError | None]]] = []
         self._pool: ThreadPoolExecutor | None = None
@@ -290,15 +291,17 @@ class SignatureChecks:
 
     def add(self, block: Block) -> None:
         """A block that passed `examine(..., signature=False)`: its signature is checked soon."""
+        self._added.append(block)
         self._waiting.append(block)
         if self._pool is not None and len(self._waiting) >= _SIGNATURE_CHUNK:
             self._futures.append(self._pool.submit(_verify_chunk, self._waiting))
             self._waiting = []
 
-    def verdicts(self) -> list[ValidationError | None]:
-        """The verdict of each added block, in the order they were added (waits for the workers)."""
+    def verdicts(self) -> dict[bytes, ValidationError | None]:
+        """The verdict of each added block, by CID (waits for the workers)."""
         rest = _verify_chunk(self._waiting)
-        return [verdict for future in self._futures for verdict in future.result()] + rest
+        found = [verdict for future in self._futures for verdict in future.result()] + rest
+        return {block.cid.raw: verdict for block, verdict in zip(self._added, found, strict=True)}
 
 
 def _verify_chunk(blocks: Sequence[Block]) -> list[ValidationError | None]:

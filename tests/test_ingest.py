@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import threading
 
@@ -47,10 +48,18 @@ def test_a_large_batch_rejects_exactly_the_items_whose_signature_is_broken(tmp_p
         flipped = bytearray(items[index])
         flipped[-1] ^= 1
         items[index] = bytes(flipped)
+    # the embedding check runs while the signatures are checked: a forged item is reported as forged
+    misplaced = {10: False, 11: True}  # index -> its signature is broken too
+    for index, forged in misplaced.items():
+        wrong = dataclasses.replace(blocks[index].op.content, embedding=f.embedding("an unrelated text"))
+        items[index] = f.with_fields(blocks[index], content=wrong).data
+        if forged:
+            items[index] = items[index][:-1] + bytes([items[index][-1] ^ 1])
     receipts = ledger.ingest(items)
     rejected = {index for index, receipt in enumerate(receipts) if receipt.verdict is Verdict.REJECTED}
-    assert rejected == broken
+    assert rejected == broken | set(misplaced)
     assert {receipts[index].code for index in broken} == {"signature.invalid"}
+    assert (receipts[10].code, receipts[11].code) == ("embedding.inconsistent", "signature.invalid")
     ledger.close()
 
 
