@@ -36,8 +36,8 @@ _SHIFT = 64 - BITS_LOG2
 _MASK64 = (1 << 64) - 1
 #: odd 64-bit multipliers (multiplicative hashing): three well-spread positions from one bucket key
 _MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
-_MAGIC = b"expledger-bucket-filter/1"
-_HEADER = struct.Struct(">32sQH")  # magic (padded), generation, owner length; then the owner, the bits
+_MAGIC = b"expledger-bucket-filter/2"
+_HEADER = struct.Struct(">32sQQH")  # magic (padded), generation, marks, owner length; then the owner, the bits
 _DIGEST_SIZE = 32
 _BUILD_CHUNK = 65536  # marks per vectorized step of a rebuild (and per check for a stop)
 
@@ -77,6 +77,8 @@ class BucketFilter:
         self._built: bytearray | None = None  # handed over by the rebuild thread
         self._builder: threading.Thread | None = None
         self._stop = threading.Event()
+        self._count = 0  # marks the bits cover (about: a mark the writer adds during a rebuild may count twice)
+        self._built_count = 0
 
     @property
     def ready(self) -> bool:
@@ -94,7 +96,7 @@ class BucketFilter:
         if len(first) < _BUILD_CHUNK:
             bits = np.frombuffer(self._bits, dtype=np.uint8)
             _set_all(bits, first)
-            self._ready = True
+            self._ready, self._count = True, len(first)
             return why
         log.info("rebuilding the bucket filter in the background (%s)", why)
         self._builder = threading.Thread(
@@ -111,6 +113,7 @@ class BucketFilter:
                 return
             _set_all(bits, chunk)
             count += len(chunk)
+        self._built_count = count
         self._built = bytearray(bits.tobytes())
         log.info("bucket filter rebuilt from %d marks", count)
 
@@ -121,6 +124,7 @@ class BucketFilter:
             mine = np.frombuffer(self._bits, dtype=np.uint8)
             np.bitwise_or(mine, np.frombuffer(built, dtype=np.uint8), out=mine)
             self._ready = True
+            self._count += self._built_count
 
     def mark(self, key: bytes) -> bool:
         """Record that the bucket `key` (band number, band hash) is marked now; False if it surely was not before.
@@ -136,15 +140,20 @@ class BucketFilter:
             if not bits[byte] & bit:
                 bits[byte] |= bit
                 all_set = False
+        self._count += not all_set
         return all_set or not self._ready  # until the rebuild is in, only the marks themselves know
 
     def save(self, generation: int) -> None:
-        """Write the filter for the library at `generation` (when the writer is idle: at close)."""
+        """Write the filter for the library at `generation` (when the writer is idle: at close).
+
+        Not for a library small enough to rebuild at open (writing, syncing and hashing 16 MiB made
+        every close of a small ledger ~180 ms), nor while a rebuild runs (the next start rebuilds).
+        """
         self._adopt()
-        if not self._ready:
-            return  # still rebuilding: the next start rebuilds again
+        if not self._ready or self._count < _BUILD_CHUNK:
+            return
         owner = self._owner.encode()
-        body = _HEADER.pack(_MAGIC, generation, len(owner)) + owner + bytes(self._bits)
+        body = _HEADER.pack(_MAGIC, generation, self._count, len(owner)) + owner + bytes(self._bits)
         write_file_atomically(self._path, hashlib.sha256(body).digest() + body)
 
     def _load(self, generation: int) -> str | None:
@@ -155,7 +164,7 @@ class BucketFilter:
         digest, body = stored[:_DIGEST_SIZE], stored[_DIGEST_SIZE:]
         if len(body) < _HEADER.size or hashlib.sha256(body).digest() != digest:
             return "damaged (it does not match its digest)"
-        magic, saved_generation, owner_length = _HEADER.unpack_from(body)
+        magic, saved_generation, count, owner_length = _HEADER.unpack_from(body)
         owner = body[_HEADER.size : _HEADER.size + owner_length]
         bits = body[_HEADER.size + owner_length :]
         if magic.rstrip(b"\x00") != _MAGIC or len(bits) != len(self._bits):
@@ -165,7 +174,7 @@ class BucketFilter:
         if saved_generation != generation:
             return f"stale (generation {saved_generation}, library at {generation})"
         self._bits[:] = bits
-        self._ready = True
+        self._ready, self._count = True, count
         return None
 
     def close(self) -> None:

@@ -67,7 +67,16 @@ def test_every_bucket_may_be_marked_until_the_rebuild_is_in(tmp_path: Path) -> N
     bucket_filter.close()
 
 
-def test_saved_filter_is_used_only_when_it_is_exactly_this_librarys(tmp_path: Path) -> None:
+def test_a_small_library_saves_no_filter(tmp_path: Path) -> None:
+    """Rebuilding a few marks at open costs less than writing, syncing and hashing 16 MiB at every close."""
+    small = BucketFilter(tmp_path, "did:key:me")
+    assert small.open(5, iter([b"\x00\x00\x00\x00\x07"])) == "missing"
+    small.save(5)
+    assert not (tmp_path / FILTER_FILE).exists()
+
+
+def test_saved_filter_is_used_only_when_it_is_exactly_this_librarys(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("ledger.bucketfilter._BUILD_CHUNK", 4)  # these few marks count as a large library
     marked = [bytes([band]) + b"\x00\x00\x00\x07" for band in range(32)]
     saved = BucketFilter(tmp_path, "did:key:me")
     saved.open(5, iter(marked))
