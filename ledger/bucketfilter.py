@@ -1,16 +1,18 @@
 """A Bloom filter in front of the hash-bucket marks: an add's empty buckets are known without LevelDB.
 
 Each add looks at its 32 near-duplicate buckets (docs/PROTOCOL.md §7.6) and nearly all of them
-are empty. The bucket marks (table `I`) answered that with 32 LevelDB gets per add, ~17 us each
-under load: 0.55 ms of the 0.9 ms an add's near-duplicate check took at 100k operations. The
-filter answers "empty" for a bucket that has no mark; it has no false negatives, so every
+are empty. The bucket marks (table `I`) answered that with 32 LevelDB gets per add, each one
+releasing the GIL and waiting to get it back under load (the check's CPU per add at 100k
+operations: ~520 us with the gets, ~440 us with the filter). The filter answers "empty" for a
+bucket that has no mark; it has no false negatives, so every
 verdict stays exact (a "maybe" still asks for the mark). 2^27 bits (16 MiB) and 3 positions per
 bucket: with 8 million marked buckets (a million operations) 0.4% of empty buckets still cost a get.
 
 It is derived state, like the vector index: saved beside the database at close with the
-library generation, the owner's DID and a SHA-256 over it all. A file that is missing, damaged,
-another node's or of another generation (a crash since it was saved) is never trusted: the
-filter is rebuilt from the marks on a background thread, and until then every bucket is a "maybe".
+library generation, the owner's DID and a SHA-256 over it all (from `_BUILD_CHUNK` marks on; a
+smaller library rebuilds it at open in a few ms). A file that is missing, damaged, another
+node's or of another generation (a crash since it was saved) is never trusted: the filter is
+rebuilt from the marks on a background thread, and until then every bucket is a "maybe".
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ _MULTIPLIERS = (0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9)
 _MAGIC = b"expledger-bucket-filter/2"
 _HEADER = struct.Struct(">32sQQH")  # magic (padded), generation, marks, owner length; then the owner, the bits
 _DIGEST_SIZE = 32
-_BUILD_CHUNK = 65536  # marks per vectorized step of a rebuild (and per check for a stop)
+#: marks per vectorized step of a rebuild (and per check for a stop); fewer are rebuilt at open, not saved
+_BUILD_CHUNK = 65536
 
 
 def _set_all(bits: np.ndarray, keys: Sequence[bytes]) -> None:
