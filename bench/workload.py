@@ -69,10 +69,12 @@ def operations(count: int, params: NetworkParams, seed: int = 1, authors: int = 
     rng = random.Random(seed)
     embedder = embedder_for(params)
     keys = [AuthorKey(bytes([i + 1]) * 32) for i in range(authors)]
-    live: list[CID] = []
-    recent: list[tuple[CID, int]] = []
-    clocks: dict[CID, int] = {}
-    latest_modify: dict[CID, CID] = {}  # clients build a modify on the version they read
+    # CIDs are kept as raw bytes: containers of bytes and ints are not tracked by the garbage
+    # collector, so the generator's state does not lengthen the full collections the benchmarks measure
+    live: list[bytes] = []
+    recent: list[tuple[bytes, int]] = []
+    clocks: dict[bytes, int] = {}
+    latest_modify: dict[bytes, bytes] = {}  # clients build a modify on the version they read
     kinds, weights = zip(*MIX, strict=True)
     for serial in range(count):
         kind = rng.choices(kinds, weights)[0] if len(live) >= 2 else Kind.ADD
@@ -87,30 +89,32 @@ def operations(count: int, params: NetworkParams, seed: int = 1, authors: int = 
                 Embedding(embedder.model_id, embedder.dim, vector),
             )
         if kind in (Kind.MODIFY, Kind.VOTE):
-            fields["target"] = rng.choice(live[-2000:])
+            fields["target"] = CID(rng.choice(live[-2000:]))
         if kind is Kind.VOTE:
             fields["vote"] = rng.choice((1, 1, 1, -1))
         elif kind is Kind.DELETE:
-            fields["target"] = live.pop(rng.randrange(max(0, len(live) - 2000), len(live)))
+            fields["target"] = CID(live.pop(rng.randrange(max(0, len(live) - 2000), len(live))))
             fields["reason"] = "proven incorrect in evaluation"
         elif kind is Kind.MERGE:
             a, b = live.pop(), live.pop(rng.randrange(max(0, len(live) - 50), len(live)))
-            fields["targets"], fields["reason"] = tuple(sorted((a, b))), "same pattern"
+            fields["targets"], fields["reason"] = tuple(sorted((CID(a), CID(b)))), "same pattern"
         window = recent[-8:]
-        parents = {cid for cid, _ in rng.sample(window, min(len(window), rng.randint(1, 2)))}
-        target = fields.get("target")
+        parents = {raw for raw, _ in rng.sample(window, min(len(window), rng.randint(1, 2)))}
+        target = fields["target"].raw if isinstance(fields.get("target"), CID) else None
         if kind is Kind.MODIFY and target in latest_modify:
             parents.add(latest_modify[target])
-        links = [*parents, *([target] if isinstance(target, CID) else []), *fields.get("targets", ())]
+        merged = [cid.raw for cid in fields.get("targets", ())]
+        links = [*parents, *([target] if target else []), *merged]
         clock = 1 + max((clocks[link] for link in links), default=0)
-        op = Operation(kind, "", clock, tuple(sorted(parents)), 1_700_000_000 + serial, **fields)
+        op = Operation(kind, "", clock, tuple(CID(raw) for raw in sorted(parents)), 1_700_000_000 + serial, **fields)
         block = sign(op, rng.choice(keys))
-        clocks[block.cid] = clock
+        cid = block.cid.raw
+        clocks[cid] = clock
         if kind is Kind.MODIFY:
-            latest_modify[fields["target"]] = block.cid
-        recent.append((block.cid, clock))
+            latest_modify[target] = cid
+        recent.append((cid, clock))
         if kind in (Kind.ADD, Kind.MERGE):
-            live.append(block.cid)
+            live.append(cid)
         if len(live) > 2 * _WINDOW:  # only recent experiences are targeted: keep the generator's memory flat
             del live[:_WINDOW]
             keep = set(live) | {cid for cid, _ in recent[-8:]} | set(latest_modify.values())

@@ -1,11 +1,13 @@
 """The conflict rules one by one: Delete > Modify > merge, concurrent modifies, near-duplicate adds, votes."""
 
+import gc
 import struct
 from fractions import Fraction
 
 import numpy as np
 import pytest
 
+from bench.workload import operations
 from ledger.embedder import pack_float16
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
@@ -290,3 +292,23 @@ def test_exact_cosine_is_exact_and_symmetric():
     assert exact_cosine_exceeds(a, b, half) == exact_cosine_exceeds(b, a, half)
     big = _f16([65504.0, 65504.0])
     assert exact_cosine_exceeds(big, big, Fraction(99, 100))
+
+
+def test_the_objects_a_full_garbage_collection_visits_do_not_grow_with_the_ledger(tmp_path):
+    """A full collection stops every thread, queries included, for as long as it visits tracked objects.
+
+    What the ledger keeps between batches (the operation metadata cache above all) must be plain
+    data the collector does not track; a cache of objects added one per operation.
+    """
+    blocks = [block.data for block in operations(3000, f.PARAMS)]
+    ledger = open_ledger(tmp_path / "node")
+    try:
+        counts = []
+        for start in (0, 1500):
+            for batch in range(start, start + 1500, 500):
+                ledger.ingest(blocks[batch : batch + 500])
+            gc.collect()
+            counts.append(len(gc.get_objects()))
+        assert counts[1] - counts[0] < 150, counts
+    finally:
+        ledger.close()
