@@ -294,7 +294,7 @@ class Ledger:
             signatures = SignatureChecks(len(submissions))
             checked = triage(submissions, self.params, self.store, signatures, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
-            inconsistent = check_embeddings(new, self.embedder, self.params)  # while the signatures are checked
+            inconsistent = check_embeddings(new, self.embedder, self.params, self.reads.pause)  # signatures meanwhile
             settle_signatures(checked, signatures)
             for item in checked:
                 if item.block is not None and item.block.cid.raw in inconsistent:
@@ -310,6 +310,7 @@ class Ledger:
             view = self.view()
             receipts: list[Receipt] = []
             for item in checked:
+                self.reads.pause()
                 source = item.submission.source
                 if item.first is not None:  # the same bytes came earlier in this batch: the same answer
                     first = receipts[item.first]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from fractions import Fraction
 
@@ -21,6 +21,7 @@ from ledger.errors import LedgerError
 from ledger.keys import SIGNATURE_LENGTH, IdentityError, public_key_from_did, verify_signature
 from ledger.ops import Block, Experience, Kind, Operation, decode_block
 from ledger.params import NetworkParams
+from ledger.priority import NEVER
 
 _INT63_MAX = 2**63 - 1
 _DOMAIN_LABEL = re.compile(r"[a-z][a-z0-9_-]{0,31}")
@@ -263,6 +264,8 @@ def _bad_signature() -> ValidationError:
 _THREADED_BATCH = 512
 #: signatures handed to a worker at a time: a worker starts while the caller decodes the rest of the batch
 _SIGNATURE_CHUNK = 64
+#: texts embedded between two pauses of the embedding check (~2 ms of the writer's CPU)
+_EMBED_CHUNK = 16
 _verifiers: ThreadPoolExecutor | None = None
 _verifiers_lock = threading.Lock()
 
@@ -347,18 +350,23 @@ def validate(data: bytes, params: NetworkParams, expected_cid: CID | None = None
 
 
 def check_embeddings(
-    blocks: Sequence[Block], embedder: Embedder, params: NetworkParams
+    blocks: Sequence[Block], embedder: Embedder, params: NetworkParams, pause: Callable[[], None] = NEVER.pause
 ) -> dict[bytes, ValidationError]:
     """Operations whose embedding is not the network model's embedding of their text (format seed 2), by CID.
 
     A wrong embedding is an attack: it would push an experience into unrelated prompts. The
-    texts are embedded together, and the verdict is exact (integer arithmetic), so every node
-    reaches the same one.
+    verdict is exact (integer arithmetic), so every node reaches the same one. Texts are embedded
+    `_EMBED_CHUNK` at a time with `pause()` between chunks (reads go first): a batch's texts in
+    one call held the writer for ~50 ms with no point at which a query could go first.
     """
     carriers = [block for block in blocks if block.op.content is not None]
     if not carriers:
         return {}
-    directions = embedder.directions([block.op.content.text for block in carriers])  # type: ignore[union-attr]
+    texts = [block.op.content.text for block in carriers]  # type: ignore[union-attr]
+    directions = []
+    for start in range(0, len(texts), _EMBED_CHUNK):
+        pause()
+        directions += embedder.directions(texts[start : start + _EMBED_CHUNK])
     epsilon = Fraction(params.embedding_epsilon)
     found = {}
     for block, direction in zip(carriers, directions, strict=True):

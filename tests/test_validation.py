@@ -7,10 +7,10 @@ import pytest
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.embedder import pack_float16
+from ledger.embedder import embedder_for, pack_float16
 from ledger.ops import Embedding, Example, Kind
 from ledger.params import NetworkParams
-from ledger.validation import check_text, count_tokens, examine, validate
+from ledger.validation import check_embeddings, check_text, count_tokens, examine, validate
 from tests import factories as f
 
 PARAMS = f.PARAMS
@@ -224,3 +224,19 @@ def test_redundant_content_is_not_a_stateless_error():
     first, again = f.add(), f.add(key=f.author(2))
     assert first.op.content == again.op.content
     assert codes(first.data) == codes(again.data) == []
+
+
+def test_the_embedding_check_lets_reads_go_first_between_chunks_and_finds_every_forgery():
+    """The writer embeds a batch's texts a chunk at a time, pausing between chunks for queries in flight."""
+    blocks = [
+        f.add(f"When checking embedding {'abcdefghij'[i % 10]}{'klmnopqrst'[i // 10]}, verify it.") for i in range(40)
+    ]
+    forged = {3, 17, 39}
+    for index in forged:
+        wrong = replace(blocks[index].op.content, embedding=f.embedding("an unrelated text"))
+        blocks[index] = f.with_fields(blocks[index], content=wrong)
+    pauses = []
+    found = check_embeddings(blocks, embedder_for(f.PARAMS), f.PARAMS, pause=lambda: pauses.append(1))
+    assert set(found) == {blocks[index].cid.raw for index in forged}
+    assert {error.code for error in found.values()} == {"embedding.inconsistent"}
+    assert len(pauses) >= 3  # 40 texts: at least one pause per 16
