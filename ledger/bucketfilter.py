@@ -164,11 +164,11 @@ class BucketFilter:
             stored = self._path.read_bytes()
         except FileNotFoundError:
             return "missing"
-        digest, body = stored[:_DIGEST_SIZE], stored[_DIGEST_SIZE:]
+        digest, body = stored[:_DIGEST_SIZE], memoryview(stored)[_DIGEST_SIZE:]  # 16 MiB: slices without copies
         if len(body) < _HEADER.size or hashlib.sha256(body).digest() != digest:
             return "damaged (it does not match its digest)"
         magic, saved_generation, count, owner_length = _HEADER.unpack_from(body)
-        owner = body[_HEADER.size : _HEADER.size + owner_length]
+        owner = bytes(body[_HEADER.size : _HEADER.size + owner_length])
         bits = body[_HEADER.size + owner_length :]
         if magic.rstrip(b"\x00") != _MAGIC or len(bits) != len(self._bits):
             return "another format"

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledger import codec
 from ledger.cid import CID
 from ledger.embedder import unpack_float16
 from ledger.index import INDEX_FILE, META_FILE
@@ -159,18 +160,24 @@ def test_a_stale_index_is_rebuilt(tmp_path):
     ledger.close()
 
 
-def test_a_key_map_in_another_format_is_rebuilt(tmp_path):
-    """A key map whose digest holds but whose fields are not this version's (as a future format would be)."""
+@pytest.mark.parametrize("change", ["fields", "entries"])
+def test_a_key_map_in_another_format_is_rebuilt(tmp_path, change):
+    """A key map whose digest holds but whose fields (or its entries' width) are not this version's."""
     from ledger.index import _digest  # the file format's own checksum, to forge a well-formed file
 
     ledger = open_ledger(tmp_path / "n")
     ledger.ingest([f.add().data])
     live = _live(ledger)
     ledger.close()
-    index_bytes, other_format = (tmp_path / "n" / INDEX_FILE).read_bytes(), b"\xa1\x61v\x02"  # {"v": 2}
+    index_bytes, stored = (tmp_path / "n" / INDEX_FILE).read_bytes(), (tmp_path / "n" / META_FILE).read_bytes()
+    if change == "fields":
+        other_format, error = b"\xa1\x61v\x02", "KeyError"  # {"v": 2}
+    else:
+        meta = codec.unpack(stored[32:])
+        other_format, error = codec.pack({**meta, "entries": meta["entries"] + b"\x00" * 4}), "ValueError"
     (tmp_path / "n" / META_FILE).write_bytes(_digest(other_format, index_bytes) + other_format)
     ledger = open_ledger(tmp_path / "n")
-    assert ledger.index_status.startswith("unreadable (KeyError") and set(ledger.indexed()) == live
+    assert ledger.index_status.startswith(f"unreadable ({error}") and set(ledger.indexed()) == live
     ledger.close()
 
 
