@@ -6,7 +6,9 @@ Figures, all from one run on one stream of operations (bench/workload.py):
   ingest        validate + check embeddings + store + log + fold + index, ops/s per tenth of the run,
                 and the whole run's ratio to decode+validate+verify of the same kind of operations
                 (target >= 0.25; the last tenth at least 0.8 of the first); the baseline is measured
-                before and after ingest, and the faster of the two counts
+                before and after ingest, and the faster of the two counts. Per tenth, the CPU per
+                operation of the writer and of all other threads (index, signatures, the querying
+                thread, LevelDB's compaction): what slows the later tenths
   late add      at each checkpoint, an add with clock 1 and no parents from a new author (it sorts
                 before everything) against an add that sorts last: the ratio of their costs
                 (target <= 20 at 10k, 100k and 1M operations)
@@ -47,6 +49,12 @@ QUERIES = (
     "A proof by induction fails for small cases.",
     "How many lattice paths cross the grid?",
 )
+
+
+def _process_cpu() -> float:
+    """CPU seconds of every thread of this process, native ones (LevelDB's compaction) and ended ones included."""
+    times = os.times()
+    return times.user + times.system
 
 
 def _rss_mb() -> float:
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tenth = max(1, args.ops // 10)
     tenths, batch_times, marks = [], [], []
+    tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         path = Path(tmp) / "node"
         ledger = Ledger.open(path, params)
@@ -156,12 +165,14 @@ def main(argv: list[str] | None = None) -> int:
         querier.start()
         stream = (block.data for block in operations(args.ops, params))
         done, ingest_seconds, tenth_start, serial = 0, 0.0, 0.0, 10_000_000
+        writer_cpu, cpu_start, cpu_done = 0.0, (_process_cpu(), time.thread_time()), 0
         last_report = time.perf_counter()
         while done < args.ops:
             batch = list(itertools.islice(stream, min(args.batch, args.ops - done)))
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             receipts = ledger.ingest(batch)
             elapsed = time.perf_counter() - start
+            writer_cpu += time.thread_time() - start_cpu
             assert all(r.verdict is Verdict.ACCEPTED for r in receipts), receipts[0]
             batch_times.append(elapsed)
             ingest_seconds += elapsed
@@ -169,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             if done // tenth > len(tenths) and len(tenths) < 10:
                 tenths.append(tenth / (ingest_seconds - tenth_start))
                 tenth_start = ingest_seconds
+                # the main thread also generates the workload: the other threads are the process less it
+                others = _process_cpu() - cpu_start[0] - (time.thread_time() - cpu_start[1])
+                tenths_cpu.append((writer_cpu / (done - cpu_done), others / (done - cpu_done)))
+                writer_cpu, cpu_start, cpu_done = 0.0, (_process_cpu(), time.thread_time()), done
             if checkpoints and done >= checkpoints[0]:
                 early, last = _late_vs_last(ledger, params, serial)
                 serial += 100
@@ -216,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "met" if ratio >= 0.25 else "NOT met"
     print(f"  ingest                   {ingest_rate:>9,.0f} ops/s  ratio {ratio:.2f} (target >= 0.25: {verdict})")
     print("  ingest per tenth         " + " ".join(f"{rate:,.0f}" for rate in tenths) + " ops/s")
+    for label, column in (("writer", 0), ("other threads", 1)):
+        figures = " ".join(f"{cpu[column] * 1e6:,.0f}" for cpu in tenths_cpu)
+        print(f"  CPU per op, {label + ',':14} by tenth {figures} us")
     if len(tenths) == 10:
         flat = tenths[-1] / tenths[0]
         print(f"  last tenth / first       {flat:>9.2f}        (target >= 0.8: {'met' if flat >= 0.8 else 'NOT met'})")

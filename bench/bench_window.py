@@ -27,7 +27,7 @@ from typing import Any
 
 import ledger.ingest as ingest_module
 import ledger.ledger as ledger_module
-from bench.bench_ledger import _Querier, _rss_mb
+from bench.bench_ledger import _process_cpu, _Querier, _rss_mb
 from bench.workload import operations
 from ledger.ledger import Ledger
 from ledger.params import NetworkParams
@@ -65,11 +65,6 @@ class PhaseClock:
                 totals[1] += time.perf_counter() - wall
 
         setattr(owner, name, timed)
-
-
-def _process_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
 
 
 def main(argv: list[str] | None = None) -> int:
