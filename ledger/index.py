@@ -238,6 +238,8 @@ class ExperienceIndex:
 
 
 class _SavedMeta(NamedTuple):
+    """A parsed key map: what some `save` wrote, not yet known to be this node's or current."""
+
     owner: str
     model: str
     dim: int

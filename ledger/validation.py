@@ -363,7 +363,7 @@ def check_embeddings(
     if not carriers:
         return {}
     texts = [block.op.content.text for block in carriers]  # type: ignore[union-attr]
-    directions = []
+    directions: list[list[int]] = []
     for start in range(0, len(texts), _EMBED_CHUNK):
         pause()
         directions += embedder.directions(texts[start : start + _EMBED_CHUNK])
