@@ -45,13 +45,33 @@ _SHORTLIST_MARGIN = 1e-4
 _BATCH = 1000  # vectors per usearch call during a rebuild, between progress reports
 
 
+#: expansion_add 32 (usearch's default 128): inserts are the index thread's whole cost, and it
+#: shares 2 cores with the writer: 578 -> ~290 us CPU per insert at 100k, recall@5 0.994 -> 0.988
+#: on experience-like text (its misses are mostly ties between identical texts; retrieval rescores
+#: 2k + 8 candidates exactly)
+_EXPANSION_ADD = 32
+_EXPANSION_SEARCH = 64
+
+
 def hnsw(dim: int) -> Index:
     """An empty usearch index with the ledger's parameters (also the benchmark's baseline)."""
-    # expansion_add 32 (usearch's default 128): inserts are the index thread's whole cost, and it
-    # shares 2 cores with the writer: 578 -> ~290 us CPU per insert at 100k, recall@5 0.994 -> 0.988
-    # on experience-like text (its misses are mostly ties between identical texts; retrieval rescores
-    # 2k + 8 candidates exactly)
-    return Index(ndim=dim, metric="cos", dtype="f16", connectivity=16, expansion_add=32, expansion_search=64)
+    return Index(
+        ndim=dim,
+        metric="cos",
+        dtype="f16",
+        connectivity=16,
+        expansion_add=_EXPANSION_ADD,
+        expansion_search=_EXPANSION_SEARCH,
+    )
+
+
+def _restore(index_bytes: bytes) -> Index:
+    """A saved index with the ledger's parameters. usearch saves the graph but not the expansion
+    settings: a restored index inserted with expansion_add 128, 648 -> 2,287 us of CPU per insert
+    at 200,000 vectors, after every restart."""
+    index = Index.restore(index_bytes)
+    index.expansion_add, index.expansion_search = _EXPANSION_ADD, _EXPANSION_SEARCH
+    return index
 
 
 class ExperienceIndex:
@@ -231,7 +251,7 @@ class ExperienceIndex:
         if parsed.generation != generation:
             return f"stale (generation {parsed.generation}, library at {generation})"
         self._clear()
-        self._index = Index.restore(index_bytes)
+        self._index = _restore(index_bytes)
         self.generation, self._next_key = generation, parsed.next_key
         self._ids, self._key_of, self._version = parsed.ids, parsed.key_of, parsed.version
         return None

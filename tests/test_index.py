@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ledger import codec
 from ledger.cid import CID
 from ledger.embedder import unpack_float16
-from ledger.index import INDEX_FILE, META_FILE
+from ledger.index import INDEX_FILE, META_FILE, hnsw
 from ledger.ops import Kind
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
@@ -281,3 +281,18 @@ def test_a_damaged_truncated_or_foreign_index_is_rebuilt_before_usearch_reads_it
         assert report["answers"] == expected["answers"], name
     statuses = {Path(r["dir"]).name: r["status"] for r in reports if r["attempt"] == 1}
     assert statuses["pair-of-another-node"].startswith("copied from another data directory")
+
+
+def test_a_restored_index_inserts_and_searches_with_the_ledgers_settings(tmp_path):
+    """usearch saves the graph but not its expansion settings: after a restart it inserted with its
+    default (128 instead of 32), ~3.5x the CPU per insert at 200,000 vectors."""
+    ledger = open_ledger(tmp_path / "n")
+    ledger.ingest([f.add().data])
+    ledger.close()
+    ledger = open_ledger(tmp_path / "n")
+    try:
+        assert ledger.index_status == "loaded"
+        restored, fresh = ledger._index._index, hnsw(f.PARAMS.embedding_dim)
+        assert (restored.expansion_add, restored.expansion_search) == (fresh.expansion_add, fresh.expansion_search)
+    finally:
+        ledger.close()
