@@ -139,6 +139,27 @@ def wait_converged(nodes: list[NodeSpec], say: Callable[[str], None], timeout: f
         time.sleep(0.2)
 
 
+def wait_embedded(node: NodeSpec, say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> None:
+    """Wait until `node`'s retrieval model has embedded every live experience (status `retrieval.missing`).
+
+    The daemon embeds new experiences on a background task, and a query ranks by the network's
+    embedding those it has not reached yet: retrieval read before then answers with other scores
+    than the same query a moment later."""
+    started = time.monotonic()
+    while True:
+        try:
+            retrieval = node.client().call("status")["retrieval"]
+        except (DaemonUnavailable, RpcFailed) as exc:
+            raise DevnetError("demo.node", f"{node.name} stopped answering: {exc.code}: {exc.message}") from None
+        if retrieval["missing"] == 0:
+            say(f"  {node.name} ranks all {retrieval['live']} live experiences with {retrieval['model']}")
+            return
+        if time.monotonic() - started > timeout:
+            missing = retrieval["missing"]
+            raise DevnetError("demo.timeout", f"{node.name} still lacks {missing} vectors after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
 def run(devnet: Devnet, say: Callable[[str], None]) -> dict[str, Any]:
     """The whole demo on a running devnet of two or more nodes; returns the CIDs and nodes it used."""
     nodes = devnet.nodes
@@ -220,6 +241,7 @@ def run(devnet: Devnet, say: Callable[[str], None]) -> dict[str, Any]:
         f"\n== 5. retrieval on {reader.name} (the seed experience {library['near_duplicate']['of']} was submitted "
         f"through {receiver[library['near_duplicate']['of']].name})"
     )
+    wait_embedded(reader, say)
     say(f"  problem: {problem}")
     hits = reader.client().call("retrieve", query=problem, k=RETRIEVE_K)
     say(render("retrieve", hits))
