@@ -117,6 +117,14 @@ def submit(node: NodeSpec, block: Block) -> dict[str, Any]:
         raise DevnetError("demo.submit", message) from None
 
 
+def ask(node: NodeSpec, method: str) -> dict[str, Any]:
+    """A read-only call the demo waits on; a node that stops answering ends the demo with a clear error."""
+    try:
+        return node.client().call(method)
+    except (DaemonUnavailable, RpcFailed) as exc:
+        raise DevnetError("demo.node", f"{node.name} stopped answering: {exc.code}: {exc.message}") from None
+
+
 def wait_converged(nodes: list[NodeSpec], say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> str:
     """Wait until every node has the same state root: the same set of operations, so each holds everything
     any of them was given. Returns the root."""
@@ -124,10 +132,7 @@ def wait_converged(nodes: list[NodeSpec], say: Callable[[str], None], timeout: f
     while True:
         states = {}
         for node in nodes:
-            try:
-                answer = node.client().call("state_root")
-            except (DaemonUnavailable, RpcFailed) as exc:
-                raise DevnetError("demo.node", f"{node.name} stopped answering: {exc.code}: {exc.message}") from None
+            answer = ask(node, "state_root")
             states[node.name] = (answer["state_root"], answer["log_size"])
         if len(set(states.values())) == 1:
             root, size = next(iter(states.values()))
@@ -147,10 +152,7 @@ def wait_embedded(node: NodeSpec, say: Callable[[str], None], timeout: float = W
     than the same query a moment later."""
     started = time.monotonic()
     while True:
-        try:
-            retrieval = node.client().call("status")["retrieval"]
-        except (DaemonUnavailable, RpcFailed) as exc:
-            raise DevnetError("demo.node", f"{node.name} stopped answering: {exc.code}: {exc.message}") from None
+        retrieval = ask(node, "status")["retrieval"]
         if retrieval["missing"] == 0:
             say(f"  {node.name} ranks all {retrieval['live']} live experiences with {retrieval['model']}")
             return
