@@ -74,11 +74,15 @@ class LedgerView:
         An applied modify is shown as superseded once its experience is deleted (delete beats
         modify) or a later modify that saw it has replaced it.
         """
-        pending = self._view.get(pending_key(cid.raw))
-        if pending is not None:
-            return OpStatus(Outcome.PENDING, waiting_for=tuple(CID(raw) for raw in split_cids(pending)))
+        # the verdict first: a folded operation is never pending, and its verdict is usually in the memtable,
+        # where the absent pending key would cost a lookup in every level (and charge LevelDB's seek compaction)
         status = self._library.status(self._view, cid.raw)
-        if status is None or status.outcome is not Outcome.APPLIED:
+        if status is None:
+            pending = self._view.get(pending_key(cid.raw))
+            if pending is None:
+                return None
+            return OpStatus(Outcome.PENDING, waiting_for=tuple(CID(raw) for raw in split_cids(pending)))
+        if status.outcome is not Outcome.APPLIED:
             return status
         if self._library.meta(self._view, cid.raw).kind is not Kind.MODIFY:
             return status
