@@ -9,7 +9,7 @@ import pytest
 
 from ledger.errors import LedgerError
 from ledger.ledger import Ledger
-from ledger.store import BLOCK, StoreError
+from ledger.store import BLOCK, TABLE_LINKS, Store, StoreError, TableLinks
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
 
@@ -240,3 +240,81 @@ def test_a_data_directory_in_use_is_refused(node):
         Ledger.open(node, f.PARAMS)
     assert caught.value.code == "store.open" and "lock" in caught.value.message.lower()
     first.close()
+
+
+def _tables(database):
+    return {name for name in os.listdir(database) if name.endswith(".ldb")}
+
+
+def _churn(db, round_):
+    """Rewrite the same keys and compact: LevelDB replaces tables and deletes the old ones."""
+    with db.write_batch() as batch:
+        for key in range(2000):
+            batch.put(key.to_bytes(4, "big"), bytes([round_]) * 200)
+    db.compact_range(start=b"\x00", stop=b"\xff")
+
+
+def test_every_table_gets_a_second_link_that_goes_when_leveldb_deletes_the_table(tmp_path):
+    database = tmp_path / "db"
+    db = plyvel.DB(str(database), create_if_missing=True, write_buffer_size=64 * 1024)
+    links = TableLinks(database, interval=3600)  # passes only when the test asks
+    seen: set[str] = set()
+    linked: set[str] = set()
+    for round_ in range(4):
+        _churn(db, round_)
+        deleted = linked - _tables(database)
+        assert deleted <= set(os.listdir(database / TABLE_LINKS)), "LevelDB's deletes left the second links"
+        links.sweep()
+        assert set(os.listdir(database / TABLE_LINKS)) == _tables(database)
+        for name in _tables(database):  # the same file, not a copy
+            assert os.path.samefile(database / name, database / TABLE_LINKS / name)
+            assert os.stat(database / name).st_nlink == 2
+        linked = _tables(database)
+        seen |= linked
+    assert seen - _tables(database), "the compactions replaced tables"
+    assert db.get((7).to_bytes(4, "big")) == bytes([3]) * 200
+    db.close()
+    links.close()
+
+
+def test_close_frees_the_links_of_deleted_tables_and_leveldb_ignores_the_links_directory(tmp_path):
+    database = tmp_path / "db"
+    store = Store(database, create=True)
+    store.write({f"k{key}".encode(): os.urandom(100) for key in range(5000)})
+    store._db.compact_range(start=b"\x00", stop=b"\xff")
+    store._links.sweep()
+    first = set(os.listdir(database / TABLE_LINKS))
+    store.write({f"k{key}".encode(): os.urandom(100) for key in range(5000)})
+    store._db.compact_range(start=b"\x00", stop=b"\xff")
+    store.close()
+    assert first and first - _tables(database), "the second compaction replaced the first tables"
+    assert set(os.listdir(database / TABLE_LINKS)) <= _tables(database)
+    reopened = Store(database, create=False)
+    assert len(list(reopened.scan(b"k"))) == 5000
+    reopened.close()
+
+
+def test_links_left_by_a_crash_are_freed_at_open(node):
+    stale = node / "ledger.db" / TABLE_LINKS / "999999.ldb"
+    stale.write_bytes(b"a table LevelDB deleted while the node was down")
+    ledger = Ledger.open(node, f.PARAMS)
+    assert not stale.exists()
+    ledger.store._links.sweep()  # the copy's links are copies: freed, and the tables linked again
+    assert set(os.listdir(node / "ledger.db" / TABLE_LINKS)) == _tables(node / "ledger.db")
+    for name in _tables(node / "ledger.db"):
+        assert os.path.samefile(node / "ledger.db" / name, node / "ledger.db" / TABLE_LINKS / name)
+    ledger.close()
+
+
+def test_without_hard_links_the_database_still_works(tmp_path, monkeypatch, caplog):
+    def refuse(source, target):
+        raise PermissionError(1, "Operation not permitted", str(target))
+
+    monkeypatch.setattr(os, "link", refuse)
+    store = Store(tmp_path / "db", create=True)
+    store.write({b"Mkey": b"value"})
+    store._db.compact_range(start=b"\x00", stop=b"\xff")
+    store._links.sweep()  # what the thread does every 0.1 s
+    assert store.get(b"Mkey") == b"value"
+    store.close()
+    assert "cannot hard-link LevelDB tables" in caplog.text
