@@ -8,6 +8,7 @@ everything in one `WriteBatch(sync=True)`, so an acknowledged operation survives
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 import struct
@@ -342,33 +343,38 @@ class TableLinks:
         self._thread = threading.Thread(target=self._run, name="ledger-table-links", daemon=True)
         try:
             self._links.mkdir(mode=0o700, exist_ok=True)
-            self.sweep()  # links left by a previous run whose tables are gone
+            self._drop_copies()
+            self.sweep()  # and the links of tables deleted while the node was down
         except OSError as exc:
             log.warning("cannot keep LevelDB table links in %s (%s); compactions will stall reads", self._links, exc)
             return
         self._thread.start()
 
-    def sweep(self) -> None:
-        """One pass: free the links whose table is gone (or that are copies), then link the tables that have none."""
-        linked = set()
+    def _drop_copies(self) -> None:
+        """A data directory copied without its hard links holds copies: they would never be freed."""
         for entry in os.scandir(self._links):
-            try:
-                if entry.stat().st_nlink == 1:
-                    os.unlink(entry.path)
-                else:
-                    linked.add(entry.name)
-            except FileNotFoundError:
-                pass
-        if self._linking:
-            for entry in os.scandir(self._database):
-                if entry.name.endswith(".ldb") and entry.name not in linked:
-                    self._link(entry.path, entry.name)
+            if entry.stat().st_nlink == 1:
+                os.unlink(entry.path)
 
-    def _link(self, table: str, name: str) -> None:
+    def sweep(self) -> None:
+        """One pass: free the links whose table LevelDB deleted, then link the tables that have none.
+
+        LevelDB never reuses a table's name, so a link whose name is not in the database is one to free.
+        """
+        tables = {entry.name for entry in os.scandir(self._database) if entry.name.endswith(".ldb")}
+        linked = {entry.name for entry in os.scandir(self._links)}
+        for name in linked - tables:
+            with contextlib.suppress(FileNotFoundError):  # a test's pass may race the thread's
+                os.unlink(self._links / name)
+        if self._linking:
+            for name in tables - linked:
+                self._link(name)
+
+    def _link(self, name: str) -> None:
         try:
-            os.link(table, self._links / name)
+            os.link(self._database / name, self._links / name)
         except (FileNotFoundError, FileExistsError):
-            pass  # deleted by a compaction meanwhile, or linked by another pass
+            pass  # deleted by a compaction meanwhile, or linked by a test's pass
         except OSError as exc:  # a file system without hard links: LevelDB deletes the slow way
             log.warning("cannot hard-link LevelDB tables (%s); compactions will stall reads while they delete", exc)
             self._linking = False
