@@ -383,8 +383,9 @@ class TableLinks:
         while not self._stop.wait(self._interval):
             try:
                 self.sweep()
-            except OSError:
-                log.exception("keeping LevelDB table links failed; retrying")
+            except OSError:  # the links directory went away, say: stop (the next start frees what is left)
+                log.exception("keeping LevelDB table links failed; LevelDB deletes tables the slow way from now on")
+                return
 
     def close(self) -> None:
         """Stop, then free what the database deleted last (call after closing the database)."""

@@ -318,3 +318,14 @@ def test_without_hard_links_the_database_still_works(tmp_path, monkeypatch, capl
     assert store.get(b"Mkey") == b"value"
     store.close()
     assert "cannot hard-link LevelDB tables" in caplog.text
+
+
+def test_losing_the_links_directory_stops_the_links_not_the_database(tmp_path, caplog):
+    store = Store(tmp_path / "db", create=True)
+    shutil.rmtree(tmp_path / "db" / TABLE_LINKS)
+    store._links._thread.join(30)  # its next pass fails, and it stops
+    assert not store._links._thread.is_alive()
+    assert "LevelDB deletes tables the slow way from now on" in caplog.text
+    store.write({b"Mkey": b"value"})
+    assert store.get(b"Mkey") == b"value"
+    store.close()
