@@ -66,7 +66,13 @@ def _rss_mb() -> float:
 
 
 def _disk_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes of the files under `path`, a file with two names (LevelDB's table links) counted once."""
+    sizes = {}
+    for file in path.rglob("*"):
+        if file.is_file():
+            stat = file.stat()
+            sizes[(stat.st_dev, stat.st_ino)] = stat.st_size
+    return sum(sizes.values())
 
 
 def _add(params: NetworkParams, clock: int, serial: int, parents: tuple = (), key: int = 99) -> bytes:

@@ -21,8 +21,19 @@ def _run(tmp_path: Path, *args: str) -> str:
 
 def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
     out = _run(tmp_path, "bench.bench_ledger", "--ops", "2000", "--checkpoints", "1000", "--batch", "100")
-    for figure in ("decode+validate+verify", "ingest per tenth", "last tenth / first", "late add", "queries during"):
+    figures = ("decode+validate+verify", "ingest per tenth", "CPU per op, writer", "CPU per op, other threads")
+    for figure in (*figures, "last tenth / first", "late add", "queries during", "disk"):
         assert figure in out, out
+
+
+def test_disk_counts_a_file_with_two_names_once(tmp_path: Path) -> None:
+    from bench.bench_ledger import _disk_bytes
+
+    (tmp_path / "links").mkdir()
+    (tmp_path / "000005.ldb").write_bytes(b"x" * 1000)
+    os.link(tmp_path / "000005.ldb", tmp_path / "links" / "000005.ldb")  # LevelDB's table links
+    (tmp_path / "LOG").write_bytes(b"y" * 10)
+    assert _disk_bytes(tmp_path) == 1010
 
 
 def test_bench_window_prints_every_phase(tmp_path: Path) -> None:
