@@ -63,10 +63,13 @@ NODE_KEY = "node.key"
 #: the newest signed tree head, kept outside the database as its high-water mark: a database that
 #: holds less than this (a lost write-ahead log, an older copy) is refused instead of served
 HEAD_FILE = "tree-head.cbor"
-#: vectors inserted into the index per hold of its lock (0.3-1 ms each at 100k experiences, one thread), and
-#: fewer while a read is in flight: a search waits for at most one chunk. Chunks of 4 throughout slowed the
-#: writer 12-17% (two alternating pairs of 10k operations at 100k; the index thread's per-call work)
-_INDEX_CHUNK = 32
+#: vectors inserted into the index per hold of its lock, and fewer while a read is in flight: a search waits for
+#: at most one chunk. At 1M operations (~200k vectors) 32 per hold made the slowest 5% of queries spend 89% of
+#: their time in `nearest`, nearly all of it waiting for the lock; 8 per hold took the queries' p99 from 50-60 to
+#: 35-42 ms (windows of 20,000 operations on a copy of a 1M data directory) and costs more CPU per insert,
+#: 0.9 -> 1.3-1.4 ms (~0.5 ms in a process doing nothing else, in calls of any size: likely colder caches).
+#: Holds of 4 slowed the writer 12-17%.
+_INDEX_CHUNK = 8
 _INDEX_CHUNK_READING = 4
 #: index changes committed but not yet inserted beyond which the writer waits for the index thread: it bounds
 #: the memory of the backlog and the exact scoring every search adds for it (~1 ms for 4,096 vectors)
