@@ -74,8 +74,8 @@ class LedgerView:
         An applied modify is shown as superseded once its experience is deleted (delete beats
         modify) or a later modify that saw it has replaced it.
         """
-        # the verdict first: a folded operation is never pending, and its verdict is usually in the memtable,
-        # where the absent pending key would cost a lookup in every level (and charge LevelDB's seek compaction)
+        # the verdict first: a folded operation is never pending; its verdict is usually still in the memtable,
+        # while a lookup of its absent pending key goes through every level (and charges seek compaction)
         status = self._library.status(self._view, cid.raw)
         if status is None:
             pending = self._view.get(pending_key(cid.raw))
