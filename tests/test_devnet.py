@@ -283,8 +283,13 @@ def test_logs_then_down_clean_removes_the_devnet(demo):
     logs = devnet_cli(devnet, "logs", "--tail", "1")
     assert logs.returncode == 0
     assert [line.split(" | ")[0].strip() for line in logs.stdout.splitlines()] == ["node1", "node2", "node3"]
+    # the follower gets SIGINT's default action even when the suite runs in the background (`scripts/test.sh &`),
+    # where the shell makes it ignored, a disposition Python keeps and every child inherits
+    default_sigint = (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+    )
     follow = subprocess.Popen(
-        [str(BIN / "expledger"), "devnet", "logs", "node1", "-f"],
+        [sys.executable, "-c", default_sigint, str(BIN / "expledger"), "devnet", "logs", "node1", "-f"],
         stdout=subprocess.PIPE,
         bufsize=0,  # unbuffered: select() sees every byte not read yet
         env=environment(devnet, None),
@@ -298,7 +303,7 @@ def test_logs_then_down_clean_removes_the_devnet(demo):
         assert b"ready: RPC on" in seen  # node1's log, printed whole before following it
     finally:
         follow.send_signal(signal.SIGINT)
-        try:  # read the rest while it ends: it writes node1's log, longer than a pipe holds
+        try:
             follow.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             follow.kill()
