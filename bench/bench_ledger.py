@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             if checkpoints and done >= checkpoints[0]:
                 early, last = _late_vs_last(ledger, params, serial)
                 serial += 100
-                marks.append((checkpoints.pop(0), early, last, _rss_mb(), len(ledger.view().live_ids())))
+                marks.append((checkpoints.pop(0), early, last, _rss_mb(), ledger.live_count()))
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(

@@ -317,9 +317,10 @@ class Batch:
 
     def _move_heads(self, applied: list[bytes]) -> None:
         """Heads are applied operations no applied operation names as parent; a child applies after its parents."""
-        named = {parent for cid in applied for parent in self._library.meta(self.txn, cid).parents}
+        meta = self._library.meta
+        named = {parent for cid in applied for parent in meta(self.txn, cid).parents}
         for parent in named:
-            self.txn.delete(head_key(parent))
+            self.txn.delete(head_key(meta(self.txn, parent).clock, parent))
         for cid in applied:
             if cid not in named:
-                self.txn.put(head_key(cid), b"")
+                self.txn.put(head_key(meta(self.txn, cid).clock, cid), b"")

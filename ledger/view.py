@@ -7,6 +7,7 @@ from a view always matches the log it describes.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,6 +29,7 @@ from ledger.store import (
     StoreError,
     block_key,
     by_author_prefix,
+    cid_of_head_key,
     cid_of_key,
     log_key,
     parse_waiter_key,
@@ -121,9 +123,11 @@ class LedgerView:
 
     # --- building on this state ------------------------------------------------------------------
 
-    def heads(self) -> list[CID]:
-        """Applied operations that no applied operation names as a parent: the frontier of the DAG."""
-        return [CID(cid_of_key(key)) for key, _ in self._view.scan(HEAD)]
+    def heads(self, limit: int | None = None) -> list[CID]:
+        """Applied operations that no applied operation names as a parent (the frontier of the DAG), newest
+        first: highest clock, ties by binary CID; the first `limit` of them when given."""
+        keys = itertools.islice(self._view.scan(HEAD), limit)
+        return [CID(cid_of_head_key(key)) for key, _ in keys]
 
     def clock(self, cid: CID) -> int:
         return self._library.meta(self._view, cid.raw).clock
@@ -139,7 +143,7 @@ class LedgerView:
         parent's and target's.
         """
         preferred = [head for target in targets if (record := self.experience(target)) for head in record.heads]
-        heads = sorted(self.heads(), key=lambda head: -self.clock(head))
+        heads = self.heads(len(preferred) + self._max_parents)  # enough once the preferred are taken out
         parents = list(dict.fromkeys([*preferred, *heads]))[: self._max_parents]
         clock = 1 + max((self.clock(cid) for cid in [*parents, *targets]), default=0)
         return tuple(sorted(parents)), clock

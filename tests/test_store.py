@@ -9,7 +9,19 @@ import pytest
 
 from ledger.errors import LedgerError
 from ledger.ledger import Ledger
-from ledger.store import BLOCK, TABLE_LINKS, Store, StoreError, TableLinks
+from ledger.store import (
+    BLOCK,
+    FORMAT,
+    FORMAT_HEADS_BY_CID,
+    FORMAT_KEY,
+    HEAD,
+    OPMETA,
+    TABLE_LINKS,
+    Store,
+    StoreError,
+    TableLinks,
+    cid_of_head_key,
+)
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
 
@@ -171,6 +183,42 @@ def test_a_foreign_leveldb_is_refused(tmp_path):
     db.put(b"hello", b"world")
     db.close()
     _open_fails(tmp_path / "node", "store.format")
+
+
+def _as_format_1(node, *, drop_meta_of_a_head=False):
+    """Rewrite a data directory as format 1 wrote it: heads keyed by CID alone."""
+    db = plyvel.DB(str(node / "ledger.db"))
+    heads = [cid_of_head_key(key) for key in db.iterator(prefix=HEAD, include_value=False)]
+    with db.write_batch(sync=True) as batch:
+        for key in db.iterator(prefix=HEAD, include_value=False):
+            batch.delete(key)
+        for cid in heads:
+            batch.put(HEAD + cid, b"")
+        batch.put(FORMAT_KEY, FORMAT_HEADS_BY_CID)
+        if drop_meta_of_a_head:
+            batch.delete(OPMETA + heads[0])
+    db.close()
+
+
+def test_a_format_1_directory_gets_its_heads_ordered_by_clock_once(node):
+    before = Ledger.open(node, f.PARAMS)
+    heads, parents = before.view().heads(), before.view().parents_and_clock()
+    before.close()
+    assert len(heads) > 1
+    _as_format_1(node)
+    migrated = Ledger.open(node, f.PARAMS)
+    assert migrated.store.get(FORMAT_KEY) == FORMAT
+    assert migrated.view().heads() == heads
+    assert migrated.view().parents_and_clock() == parents
+    migrated.close()
+
+
+def test_a_format_1_head_without_metadata_is_refused_and_nothing_is_rewritten(node):
+    _as_format_1(node, drop_meta_of_a_head=True)
+    _open_fails(node, "store.corrupt")
+    db = plyvel.DB(str(node / "ledger.db"))
+    assert db.get(FORMAT_KEY) == FORMAT_HEADS_BY_CID
+    db.close()
 
 
 def test_a_missing_node_key_is_refused(node):
