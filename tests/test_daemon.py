@@ -222,7 +222,9 @@ def test_metrics_count_operations_requests_and_batches(node):
     assert 'expledger_operations_total{code="",source="rpc",verdict="accepted"}' in text
     assert 'expledger_rpc_calls_total{method="add",outcome="ok"}' in text
     assert "expledger_ingest_batch_operations_count" in text and "expledger_ingest_batch_seconds_count" in text
-    live = node.call("status")["live_experiences"]
+    status = node.call("status")
+    live = status["live_experiences"]
+    assert live >= 1 and status["index"]["indexed"] == live
     assert f"expledger_live_experiences {float(live)}" in text and "expledger_pending_operations 0.0" in text
     assert f"expledger_log_size {float(node.call('status')['log_size'])}" in text
     before = _metric(text, "expledger_retrieval_seconds_count")
