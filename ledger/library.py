@@ -27,7 +27,7 @@ from typing import NamedTuple
 from ledger import codec
 from ledger.bucketfilter import BucketFilter
 from ledger.cid import CID
-from ledger.neardup import BAND_KEY_SIZE, band_keys, exact_cosine_exceeds
+from ledger.neardup import BAND_KEY_SIZE, band_keys_of_many, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.priority import NEVER
@@ -232,6 +232,7 @@ class _Work:
     records: _Records
     dirty: dict[bytes, bytes] = field(default_factory=dict)  # component -> the earliest new order in it
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
+    bands: dict[bytes, list[bytes]] = field(default_factory=dict)  # each new add's band keys, computed together
 
 
 def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
@@ -413,6 +414,10 @@ class Library:
         `progress(done, total)` is called every 10,000 placed operations (long rebuilds); `pause()` between
         operations and components (reads go first)."""
         work = _Work(Fold(dict(ready), changed=bool(ready)), _Records(txn))
+        adds = [(cid, op.content.embedding.values) for cid, op in ready if op.kind is Kind.ADD and op.content]
+        model, dim = self._params.embedding_model, self._params.embedding_dim
+        bands = band_keys_of_many([values for _, values in adds], model, dim)
+        work.bands = {cid: keys for (cid, _), keys in zip(adds, bands, strict=True)}
         votes = []
         ordered = sorted(ready, key=lambda item: order_key(item[1].clock, item[0]))
         for done, (cid, op) in enumerate(ordered, 1):
@@ -472,13 +477,13 @@ class Library:
         links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
             assert op.content is not None
-            links = self._absorption(txn, cid, order, op.content.embedding.values)
+            links = self._absorption(txn, cid, order, op.content.embedding.values, work.bands[cid])
         for other in links:
             found = txn.get(component_key(other))
             assert found is not None
             component = self._join(work, component, found)
 
-    def _absorption(self, txn: Transaction, cid: bytes, order: bytes, values: bytes) -> list[bytes]:
+    def _absorption(self, txn: Transaction, cid: bytes, order: bytes, values: bytes, bands: list[bytes]) -> list[bytes]:
         """Index a new add by its hash bands, find the earliest earlier add it nearly duplicates, and the later
         adds whose earliest it now is (§7.6); returns the adds whose components it joins.
 
@@ -489,7 +494,7 @@ class Library:
         a block, where opening an iterator seeks every level of the database (80% of the writer's
         scans; their cost grew with the database); the bucket filter answers most of those gets.
         """
-        params, threshold = self._params, self._threshold
+        threshold = self._threshold
         verdicts: dict[bytes, bool] = {}
 
         def near(other: bytes) -> bool:
@@ -504,7 +509,7 @@ class Library:
         late = last is not None and last > order  # some add sorts after this one: it may absorb them
         if not late:
             txn.put(LAST_ADD, order)
-        for band in band_keys(values, params.embedding_model, params.embedding_dim):
+        for band in bands:
             txn.put(bucket_key(band, order), b"")
             # an empty bucket (most are): nothing to test; the filter knows most of them without a get
             if not self.buckets.mark(band) or txn.get(bucket_mark_key(band)) is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import struct
+from collections.abc import Sequence
 from fractions import Fraction
 from functools import lru_cache
 
@@ -42,17 +43,29 @@ def scaled(values: bytes) -> np.ndarray:
 
 
 def band_keys(values: bytes, model: str, dim: int) -> list[bytes]:
-    """The BANDS band keys (band number, band hash) of a float16 embedding; bit i of a band is the sign of the
-    exact dot product with hyperplane i (a zero product counts as positive).
+    """The BANDS band keys (band number, band hash) of a float16 embedding (see `band_keys_of_many`)."""
+    return band_keys_of_many([values], model, dim)[0]
+
+
+def band_keys_of_many(embeddings: Sequence[bytes], model: str, dim: int) -> list[list[bytes]]:
+    """The band keys of each float16 embedding; bit i of a band is the sign of the exact dot product with
+    hyperplane i (a zero product counts as positive).
 
     The products are computed in float64, and are exact: every float16 is a multiple of 2^-24 below
     2^16 in magnitude, so with at most 8,192 terms every partial sum is a multiple of 2^-24 below
-    2^29, which float64's 53 bits represent exactly, whatever the order of summation.
+    2^29, which float64's 53 bits represent exactly, whatever the order of summation. So a batch's
+    adds share one matrix product, which reads the hyperplanes once (3 MiB of float64): ~110 us per
+    embedding in batches of 250, against ~330 us one at a time.
     """
-    signs = (np.frombuffer(values, dtype="<f2").astype(np.float64) @ _planes(model, dim)) >= 0
-    weights = np.left_shift(np.uint64(1), np.arange(BITS, dtype=np.uint64))
-    hashes = (signs.reshape(BANDS, BITS).astype(np.uint64) * weights).sum(axis=1)
-    return [_BAND.pack(band, int(value)) for band, value in enumerate(hashes)]
+    if not embeddings:
+        return []
+    rows = np.frombuffer(b"".join(embeddings), dtype="<f2").reshape(len(embeddings), dim).astype(np.float64)
+    signs = (rows @ _planes(model, dim)) >= 0
+    hashes = (signs.reshape(len(embeddings), BANDS, BITS).astype(np.uint64) * _BIT_WEIGHTS).sum(axis=2)
+    return [[_BAND.pack(band, value) for band, value in enumerate(row)] for row in hashes.tolist()]
+
+
+_BIT_WEIGHTS = np.left_shift(np.uint64(1), np.arange(BITS, dtype=np.uint64))
 
 
 @lru_cache(maxsize=4)

@@ -5,9 +5,11 @@ import hashlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ledger.embedder import embedder_for, pack_float16
-from ledger.neardup import BANDS, BITS, band_keys, hyperplanes
+from ledger.neardup import _BAND, BANDS, BITS, band_keys, band_keys_of_many, hyperplanes, scaled
 from ledger.params import NetworkParams
 
 WORDLLAMA = "wordllama-l2supercat-256-numpy"
@@ -40,6 +42,40 @@ def test_band_keys_are_pinned():
         "02fd6237e7",
         "03b64e2ab2",
     ]
+
+
+def _exact_band_keys(values: bytes, model: str, dim: int) -> list[bytes]:
+    """§7.6 in integers: each float16 times 2^24 is an exact integer, and so is every dot product."""
+    signs = (scaled(values) @ hyperplanes(model, dim)) >= 0
+    return [_BAND.pack(band, sum(1 << bit for bit in range(BITS) if signs[band * BITS + bit])) for band in range(BANDS)]
+
+
+_FLOAT16 = st.integers(0, 0xFFFF).filter(lambda bits: (bits >> 10) & 0x1F != 0x1F)  # finite values only
+
+
+@st.composite
+def _embeddings(draw: st.DrawFn) -> bytes:
+    """Random float16 vectors, and vectors whose products with some hyperplanes are exactly zero or tiny."""
+    raw = np.array(draw(st.lists(_FLOAT16, min_size=256, max_size=256)), dtype=np.uint16).view("<f2").copy()
+    if draw(st.booleans()):  # one value repeated where a hyperplane has +1 and -1 alike: its product cancels
+        plane = hyperplanes("feature-hash-v1", 256)[:, draw(st.integers(0, BITS * BANDS - 1))]
+        value = np.float16(draw(st.sampled_from([1.0, 2.0**-24, 65504.0, 0.333])))
+        raw[:] = 0
+        plus, minus = np.flatnonzero(plane > 0), np.flatnonzero(plane < 0)
+        count = min(len(plus), len(minus))
+        raw[plus[:count]] = value
+        raw[minus[:count]] = value
+        raw[draw(st.integers(0, 255))] = np.float16(draw(st.sampled_from([0.0, 2.0**-24, -(2.0**-24)])))
+    return raw.astype("<f2").tobytes()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(_embeddings(), min_size=1, max_size=5))
+def test_band_keys_of_a_batch_are_each_embeddings_exact_band_keys(embeddings):
+    """One matrix product for a batch's adds must give every node the keys §7.6 defines, bit for bit."""
+    expected = [_exact_band_keys(values, "feature-hash-v1", 256) for values in embeddings]
+    assert band_keys_of_many(embeddings, "feature-hash-v1", 256) == expected
+    assert [band_keys(values, "feature-hash-v1", 256) for values in embeddings] == expected
 
 
 @pytest.mark.parametrize(
