@@ -461,7 +461,7 @@ class Store:
         """
         log.info("%s: upgrading the store from format 1 to 2: ordering the heads by clock", self.path)
         moved = 0
-        with self._db.write_batch(sync=True) as batch:
+        with self._db.write_batch(transaction=True, sync=True) as batch:  # transaction: an error writes nothing
             for key, _ in self.scan(HEAD):
                 cid = cid_of_key(key)
                 meta = self.get(opmeta_key(cid))

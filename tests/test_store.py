@@ -196,7 +196,7 @@ def _as_format_1(node, *, drop_meta_of_a_head=False):
             batch.put(HEAD + cid, b"")
         batch.put(FORMAT_KEY, FORMAT_HEADS_BY_CID)
         if drop_meta_of_a_head:
-            batch.delete(OPMETA + heads[0])
+            batch.delete(OPMETA + max(heads))  # the last one the upgrade reads: the others are rewritten first
     db.close()
 
 
@@ -215,9 +215,12 @@ def test_a_format_1_directory_gets_its_heads_ordered_by_clock_once(node):
 
 def test_a_format_1_head_without_metadata_is_refused_and_nothing_is_rewritten(node):
     _as_format_1(node, drop_meta_of_a_head=True)
+    db = plyvel.DB(str(node / "ledger.db"))
+    before = list(db.iterator(prefix=HEAD))
+    db.close()
     _open_fails(node, "store.corrupt")
     db = plyvel.DB(str(node / "ledger.db"))
-    assert db.get(FORMAT_KEY) == FORMAT_HEADS_BY_CID
+    assert db.get(FORMAT_KEY) == FORMAT_HEADS_BY_CID and list(db.iterator(prefix=HEAD)) == before
     db.close()
 
 
