@@ -500,7 +500,7 @@ class Store:
 
     def write(self, puts: dict[bytes, bytes | None]) -> None:
         """Apply puts (None deletes) atomically and durably."""
-        with self._db.write_batch(sync=True) as batch:
+        with self._db.write_batch(transaction=True, sync=True) as batch:  # an error midway writes nothing
             for key, value in puts.items():
                 if value is None:
                     batch.delete(key)

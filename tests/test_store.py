@@ -380,3 +380,11 @@ def test_losing_the_links_directory_stops_the_links_not_the_database(tmp_path, c
     store.write({b"Mkey": b"value"})
     assert store.get(b"Mkey") == b"value"
     store.close()
+
+
+def test_a_write_that_fails_midway_writes_nothing(tmp_path):
+    store = Store(tmp_path / "ledger.db", create=True)
+    with pytest.raises(TypeError):
+        store.write({b"Ma": b"1", b"Mb": "not bytes"})  # type: ignore[dict-item]
+    assert store.get(b"Ma") is None
+    store.close()
