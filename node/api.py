@@ -473,7 +473,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
             view = ledger.view()
             pending, missing = view.pending(), sorted(view.missing())
             live = ledger.live_count()  # the index holds exactly the live experiences; copying its map to count
-            # them held the index lock (and every search) ~20 ms at 200k
+            # them held the index lock (and every search) ~12 ms at 200k
             return {
                 "version": VERSION,
                 "network_id": params.network_id,
