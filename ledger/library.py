@@ -230,9 +230,35 @@ class _Work:
 
     fold: Fold
     records: _Records
+    bands: _BandKeys
     dirty: dict[bytes, bytes] = field(default_factory=dict)  # component -> the earliest new order in it
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
-    bands: dict[bytes, list[bytes]] = field(default_factory=dict)  # each new add's band keys, computed together
+
+
+#: adds per matrix product of their band keys: a library rebuild folds every add at once, and one product
+#: for 200,000 adds would hold ~1.6 GB of float64
+_BAND_CHUNK = 1024
+
+
+class _BandKeys:
+    """The band keys of the adds a fold places, a chunk at a time in fold order (one matrix product each)."""
+
+    def __init__(self, adds: list[tuple[bytes, bytes]], params: NetworkParams) -> None:
+        """`adds`: (CID, float16 embedding) of every add of the fold, in fold order."""
+        self._adds, self._params = adds, params
+        self._next = 0
+        self._keys: dict[bytes, list[bytes]] = {}
+
+    def of(self, cid: bytes) -> list[bytes]:
+        while cid not in self._keys:
+            chunk = self._adds[self._next : self._next + _BAND_CHUNK]
+            assert chunk, "adds are placed in fold order, each in the fold's list"
+            self._next += len(chunk)
+            keys = band_keys_of_many(
+                [values for _, values in chunk], self._params.embedding_model, self._params.embedding_dim
+            )
+            self._keys = {add: add_keys for (add, _), add_keys in zip(chunk, keys, strict=True)}
+        return self._keys[cid]
 
 
 def _sorted_cids(raws: Iterable[bytes]) -> list[CID]:
@@ -413,13 +439,10 @@ class Library:
         then count the votes. Writes only into `txn`; the returned Fold says what the index must follow.
         `progress(done, total)` is called every 10,000 placed operations (long rebuilds); `pause()` between
         operations and components (reads go first)."""
-        work = _Work(Fold(dict(ready), changed=bool(ready)), _Records(txn))
-        adds = [(cid, op.content.embedding.values) for cid, op in ready if op.kind is Kind.ADD and op.content]
-        model, dim = self._params.embedding_model, self._params.embedding_dim
-        bands = band_keys_of_many([values for _, values in adds], model, dim)
-        work.bands = {cid: keys for (cid, _), keys in zip(adds, bands, strict=True)}
-        votes = []
         ordered = sorted(ready, key=lambda item: order_key(item[1].clock, item[0]))
+        adds = [(cid, op.content.embedding.values) for cid, op in ordered if op.kind is Kind.ADD and op.content]
+        work = _Work(Fold(dict(ready), changed=bool(ready)), _Records(txn), _BandKeys(adds, self._params))
+        votes = []
         for done, (cid, op) in enumerate(ordered, 1):
             pause()
             order = order_key(op.clock, cid)
@@ -477,7 +500,7 @@ class Library:
         links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
             assert op.content is not None
-            links = self._absorption(txn, cid, order, op.content.embedding.values, work.bands[cid])
+            links = self._absorption(txn, cid, order, op.content.embedding.values, work.bands.of(cid))
         for other in links:
             found = txn.get(component_key(other))
             assert found is not None
