@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 
 from ledger import codec
-from ledger.bucketfilter import BucketFilter
 from ledger.cid import CID
 from ledger.embedder import Embedder, embedder_for
 from ledger.errors import LedgerError
@@ -36,6 +35,8 @@ from ledger.ingest import (
     settle_signatures,
     triage,
 )
+from ledger.keyfilter import TABLES as FILTERED_TABLES
+from ledger.keyfilter import KeyFilter
 from ledger.keys import AuthorKey
 from ledger.library import Fold, Library
 from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
@@ -43,7 +44,6 @@ from ledger.ops import load_stored
 from ledger.params import NetworkParams
 from ledger.priority import ReadPriority
 from ledger.store import (
-    BUCKET_MARK,
     NETWORK,
     Store,
     StoreError,
@@ -94,7 +94,9 @@ class Ledger:
         self.store = store
         self.node_key = node_key
         self.embedder = embedder
-        self.library = Library(params, BucketFilter(data_dir, node_key.did))
+        self.key_filter = KeyFilter(data_dir, node_key.did)
+        store.key_filter = self.key_filter  # from here on every stored key of its tables sets its bits
+        self.library = Library(params)
         self.library.mark_buckets(store)
         self._write_lock = threading.Lock()
         #: operations folded again because a late one sorted before them, since start-up
@@ -128,11 +130,11 @@ class Ledger:
         self.index_status = why or "loaded"
         if why is not None:
             self.rebuild_index(why)
-        marks = self._snapshot  # a rebuild thread reads the marks as they are now; the writer adds its own
-        #: "loaded", or why the saved bucket filter could not be used and is being rebuilt (last: nothing after
+        keys = self._snapshot  # a rebuild thread reads the keys as they are now; the writer adds its own
+        #: "loaded", or why the saved key filter could not be used and is being rebuilt (last: nothing after
         #: this may fail and leave that thread reading a closed database)
-        self.bucket_filter_status = self.library.buckets.open(
-            self._state.generation, (key[1:] for key, _ in marks.scan(BUCKET_MARK))
+        self.key_filter_status = self.key_filter.open(
+            self._filter_stamp(), (key for table in FILTERED_TABLES for key in keys.keys(table))
         )
 
     @classmethod
@@ -175,10 +177,13 @@ class Ledger:
                     while self._backlog:
                         self._index_changed.wait()
                     self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
-                self.library.buckets.save(self._state.generation)  # likewise
+                self.key_filter.save(self._filter_stamp())  # likewise
             finally:
-                self.library.buckets.close()
                 self.store.close()
+
+    def _filter_stamp(self) -> tuple[int, int]:
+        """What a saved key filter must match: a write to its tables changes the generation or the log size."""
+        return self._state.generation, self._state.log_size
 
     def view(self) -> LedgerView:
         """Reads of the latest committed state; the view stays consistent however long it is used."""

@@ -25,7 +25,6 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from ledger import codec
-from ledger.bucketfilter import BucketFilter
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE, band_keys_of_many, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
@@ -280,9 +279,8 @@ def _raw(cid: CID) -> bytes:
 class Library:
     """Reads and folds the library's tables. Holds no view: every read names the one it reads."""
 
-    def __init__(self, params: NetworkParams, buckets: BucketFilter) -> None:
+    def __init__(self, params: NetworkParams) -> None:
         self._params = params
-        self.buckets = buckets  # which near-duplicate buckets may be marked (the writer's)
         self._threshold = Fraction(params.near_duplicate_cosine)
         # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it.
         # They are plain tuples of ints and bytes, which the garbage collector stops tracking: 20,000
@@ -515,7 +513,7 @@ class Library:
         tests the later adds of its buckets, which it may now absorb). Most buckets are empty: a
         mark per bucket says so with one get, which LevelDB's bloom filters answer without reading
         a block, where opening an iterator seeks every level of the database (80% of the writer's
-        scans; their cost grew with the database); the bucket filter answers most of those gets.
+        scans; their cost grew with the database); the store's key filter answers most of those gets.
         """
         threshold = self._threshold
         verdicts: dict[bytes, bool] = {}
@@ -534,8 +532,8 @@ class Library:
             txn.put(LAST_ADD, order)
         for band in bands:
             txn.put(bucket_key(band, order), b"")
-            # an empty bucket (most are): nothing to test; the filter knows most of them without a get
-            if not self.buckets.mark(band) or txn.get(bucket_mark_key(band)) is None:
+            # an empty bucket (most are): nothing to test; the store's key filter knows most without LevelDB
+            if txn.get(bucket_mark_key(band)) is None:
                 txn.put(bucket_mark_key(band), b"")
                 continue
             prefix = bucket_prefix(band)

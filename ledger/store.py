@@ -15,12 +15,15 @@ import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import plyvel
 
 from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
+
+if TYPE_CHECKING:
+    from ledger.keyfilter import KeyFilter
 
 log = logging.getLogger(__name__)
 
@@ -409,6 +412,8 @@ class Store:
 
     def __init__(self, path: Path, *, create: bool) -> None:
         self.path = path
+        #: answers most gets of keys that are not stored without LevelDB (ledger/keyfilter.py); the ledger attaches it
+        self.key_filter: KeyFilter | None = None
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
                 "store.missing",
@@ -476,6 +481,8 @@ class Store:
         log.info("%s: store format 2: %d heads ordered by clock", self.path, moved)
 
     def get(self, key: bytes) -> bytes | None:
+        if self.key_filter is not None and not self.key_filter.may_hold(key):
+            return None
         try:
             return self._db.get(key, verify_checksums=True)
         except plyvel.Error as exc:
@@ -500,6 +507,10 @@ class Store:
 
     def write(self, puts: dict[bytes, bytes | None]) -> None:
         """Apply puts (None deletes) atomically and durably."""
+        if self.key_filter is not None:  # before the write: no reader is ever told a stored key is absent
+            for key, value in puts.items():
+                if value is not None:
+                    self.key_filter.add(key)
         with self._db.write_batch(transaction=True, sync=True) as batch:  # an error midway writes nothing
             for key, value in puts.items():
                 if value is None:
@@ -508,6 +519,8 @@ class Store:
                     batch.put(key, value)
 
     def close(self) -> None:
+        if self.key_filter is not None:
+            self.key_filter.close()  # its rebuild thread reads the database
         self._db.close()
         self._links.close()
 
@@ -528,6 +541,15 @@ class Snapshot:
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         try:
             yield from self._snapshot.iterator(start=start or prefix, stop=prefix_end(prefix), verify_checksums=True)
+        except plyvel.Error as exc:
+            raise self._store._read_error(exc) from None
+
+    def keys(self, prefix: bytes) -> Iterator[bytes]:
+        """The keys with `prefix`, in key order (the values are not copied out: a rebuild of a filter)."""
+        try:
+            yield from self._snapshot.iterator(
+                prefix=prefix, include_value=False, fill_cache=False, verify_checksums=True
+            )
         except plyvel.Error as exc:
             raise self._store._read_error(exc) from None
 

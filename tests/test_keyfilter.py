@@ -1,0 +1,184 @@
+"""The key filter (ledger/keyfilter.py): never a false "absent", saved and loaded only when it is exactly
+this ledger's, rebuilt otherwise; and operations and near-duplicates found across restarts and crashes whatever
+its state."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.ingest import Verdict
+from ledger.keyfilter import _BUILD_CHUNK, FILTER_FILE, OLD_FILTER_FILE, TABLES, KeyFilter
+from ledger.ledger import Ledger
+from ledger.ops import Kind
+from ledger.store import BLOCK, LOG, VOTES
+from tests import factories
+
+keys = st.builds(lambda table, rest: table + rest, st.sampled_from(TABLES), st.binary(max_size=80))
+
+
+def _ready_filter(directory: Path, stored: list[bytes] = ()) -> KeyFilter:
+    key_filter = KeyFilter(directory, "did:key:z")
+    key_filter.open((0, 0), iter(stored))
+    assert key_filter.wait_ready(30)
+    return key_filter
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(keys, max_size=200), st.lists(keys, max_size=200))
+def test_no_false_absent_and_a_rebuild_sets_the_same_bits(tmp_path_factory, added, stored) -> None:
+    directory = tmp_path_factory.mktemp("f")
+    incremental = _ready_filter(directory)
+    for key in added + stored:
+        incremental.add(key)
+    rebuilt = _ready_filter(directory, added + stored)
+    assert all(incremental.may_hold(key) and rebuilt.may_hold(key) for key in added + stored)
+    assert rebuilt._bits == incremental._bits  # the vectorized rebuild places bits as `add` does
+
+
+def test_mostly_absent_answers_for_keys_never_stored(tmp_path: Path) -> None:
+    key_filter = _ready_filter(tmp_path, [BLOCK + i.to_bytes(36, "big") for i in range(0, 400_000, 2)])
+    assert all(key_filter.may_hold(BLOCK + i.to_bytes(36, "big")) for i in range(0, 400_000, 2))
+    maybes = sum(key_filter.may_hold(BLOCK + i.to_bytes(36, "big")) for i in range(1, 400_000, 2))
+    assert maybes < 50  # 200,000 absent keys: a few false "maybe"s at most
+    assert key_filter.may_hold(LOG + b"\x00" * 8)  # a table it does not cover: always "maybe"
+
+
+def test_every_key_may_be_stored_until_the_rebuild_is_in(tmp_path: Path) -> None:
+    release = threading.Event()
+    late_key = VOTES + b"late"
+
+    def stored() -> Iterator[bytes]:
+        yield from (BLOCK + i.to_bytes(36, "big") for i in range(_BUILD_CHUNK))  # too many to rebuild at once
+        release.wait(30)
+        yield late_key
+
+    key_filter = KeyFilter(tmp_path, "did:key:z")
+    assert key_filter.open((0, 0), stored()) == "missing"
+    fresh, never = BLOCK + b"fresh", BLOCK + b"never"
+    key_filter.add(fresh)
+    assert key_filter.may_hold(never) and key_filter.may_hold(late_key)  # not known yet: ask the database
+    release.set()
+    assert key_filter.wait_ready(30)
+    assert key_filter.may_hold(late_key) and key_filter.may_hold(fresh)  # the writer's own bits are kept
+    assert not key_filter.may_hold(never)
+    key_filter.close()
+
+
+def test_a_small_ledger_saves_no_filter_and_the_old_bucket_filter_is_removed(tmp_path: Path) -> None:
+    """Rebuilding a few keys at open costs less than writing, syncing and hashing 32 MiB at every close."""
+    (tmp_path / OLD_FILTER_FILE).write_bytes(b"the bucket filter this one replaced")
+    small = KeyFilter(tmp_path, "did:key:me")
+    assert small.open((5, 9), iter([BLOCK + b"\x07"])) == "missing"
+    small.save((5, 9))
+    assert not (tmp_path / FILTER_FILE).exists() and not (tmp_path / OLD_FILTER_FILE).exists()
+
+
+def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)  # these few keys count as a large ledger
+    stored = [table + b"\x00\x07" + bytes([n]) for table in TABLES for n in range(6)]
+    saved = KeyFilter(tmp_path, "did:key:me")
+    saved.open((5, 9), iter(stored))
+    assert saved.wait_ready(30)
+    saved.save((5, 9))
+    original = (tmp_path / FILTER_FILE).read_bytes()
+
+    def reopened(stamp: tuple[int, int] = (5, 9), owner: str = "did:key:me") -> tuple[str, KeyFilter]:
+        again = KeyFilter(tmp_path, owner)
+        return again.open(stamp, iter(stored)), again
+
+    assert reopened()[0] == "loaded"
+    assert reopened((6, 9))[0] == "stale (saved at generation 5 and log size 9, the ledger is at 6 and 9)"
+    assert reopened((5, 10))[0].startswith("stale")
+    assert reopened(owner="did:key:other")[0] == "copied from another data directory"
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 1
+    (tmp_path / FILTER_FILE).write_bytes(bytes(damaged))
+    assert reopened()[0].startswith("damaged")
+    (tmp_path / FILTER_FILE).write_bytes(original[:100])
+    why, rebuilt = reopened()
+    assert why.startswith("damaged") and rebuilt.wait_ready(30)
+    assert all(rebuilt.may_hold(key) for key in stored)
+
+
+def test_an_operation_stored_after_the_filter_was_saved_is_not_stored_again(tmp_path: Path, monkeypatch) -> None:
+    """A pending operation changes the log but not the library's generation: the stamp must see it."""
+    monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)  # save the filter of these few keys
+    params, path = factories.PARAMS, tmp_path / "node"
+    adds = [factories.add(text, factories.author(1)) for text in factories.SEED_TEXTS[:3]]
+    missing = factories.add(factories.SEED_TEXTS[3], factories.author(2))
+    waiting = factories.signed(
+        factories.operation(Kind.VOTE, clock=2, parents=(missing.cid,), target=missing.cid, vote=1), factories.author(3)
+    )
+    ledger = Ledger.open(path, params)
+    _ingest(ledger, *adds)
+    ledger.close()
+    shutil.copy(path / FILTER_FILE, tmp_path / "old.filter")
+    ledger = Ledger.open(path, params)
+    assert ledger.key_filter_status == "loaded"
+    generation = ledger.view().generation
+    _ingest(ledger, waiting)
+    assert ledger.pending_count() == 1 and ledger.view().generation == generation
+    ledger.close()
+    shutil.copy(tmp_path / "old.filter", path / FILTER_FILE)  # as a crash would leave it
+    ledger = Ledger.open(path, params)
+    assert ledger.key_filter_status.startswith("stale")
+    assert ledger.key_filter.wait_ready(30)
+    size = ledger.view().log_size
+    assert [receipt.verdict for receipt in ledger.ingest([waiting.data])] == [Verdict.IGNORED]
+    assert ledger.view().log_size == size
+    ledger.close()
+
+
+def _near_duplicate_pair(number: int) -> tuple:
+    text = factories.SEED_TEXTS[number]
+    first = factories.add(text, factories.author(1))
+    return first, factories.add(text + " ", factories.author(2))  # the same insight, a trailing space apart
+
+
+def _ingest(ledger: Ledger, *blocks) -> None:
+    assert all(receipt.verdict is Verdict.ACCEPTED for receipt in ledger.ingest([block.data for block in blocks]))
+
+
+def _merged(ledger: Ledger, pair: tuple) -> bool:
+    """One of the two near-duplicates absorbed the other (the one that sorts first stays)."""
+    live = {record.id for record in ledger.view().experiences() if record.live}
+    return len(live & {block.cid for block in pair}) == 1
+
+
+def test_near_duplicates_are_found_with_a_stale_or_missing_filter(tmp_path: Path, monkeypatch) -> None:
+    """A filter saved before a crash is stale: trusting it would miss the buckets marked since."""
+    monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)  # rebuild these few keys on the background thread
+    params, path = factories.PARAMS, tmp_path / "node"
+    pair_a = first_a, duplicate_a = _near_duplicate_pair(0)
+    pair_b = first_b, duplicate_b = _near_duplicate_pair(1)
+    ledger = Ledger.open(path, params)
+    _ingest(ledger, first_a)
+    ledger.close()
+    shutil.copy(path / FILTER_FILE, tmp_path / "old.filter")  # as saved before the adds below
+    ledger = Ledger.open(path, params)
+    assert ledger.key_filter_status == "loaded"
+    _ingest(ledger, first_b)
+    ledger.close()
+    shutil.copy(tmp_path / "old.filter", path / FILTER_FILE)  # as a crash would leave it
+    ledger = Ledger.open(path, params)
+    assert ledger.key_filter_status.startswith("stale")
+    _ingest(ledger, duplicate_b)  # at once: the rebuild may still be running
+    assert ledger.key_filter.wait_ready(30)
+    _ingest(ledger, duplicate_a)
+    assert _merged(ledger, pair_a) and _merged(ledger, pair_b)
+    ledger.close()
+    (path / FILTER_FILE).unlink()
+    ledger = Ledger.open(path, params)
+    assert ledger.key_filter_status == "missing"
+    assert ledger.key_filter.wait_ready(30)
+    reference = Ledger.open(tmp_path / "reference", params)
+    _ingest(reference, first_a, first_b, duplicate_b, duplicate_a)
+    assert ledger.view().state_root() == reference.view().state_root()
+    reference.close()
+    ledger.close()
