@@ -98,6 +98,10 @@ _META_HEAD = struct.Struct(">QBBB")
 #: are plain tuples the garbage collector does not track, so the limit bounds memory only (a cache of
 #: objects was once unbounded, and full collections, which visit every tracked object, grew with it)
 _META_CACHE_LIMIT = 20_000
+#: blocks of operations carrying content, cached (cleared when full) as bytes, which the garbage collector does
+#: not track: a retrieval reads ~13 of them, and each LevelDB get lets the GIL go, for a query under ingest a
+#: wait of up to the switch interval to get it back
+_CONTENT_CACHE_LIMIT = 4096
 #: `OpMeta` as the cache holds it: (clock, index of the kind in `_KINDS`, parents, targets)
 _PlainMeta = tuple[int, int, tuple[bytes, ...], tuple[bytes, ...]]
 #: the tables the fold writes; a rebuild clears them
@@ -286,6 +290,7 @@ class Library:
         # They are plain tuples of ints and bytes, which the garbage collector stops tracking: 20,000
         # objects fewer for every full collection to visit (a pause of every thread, queries included).
         self._meta: dict[bytes, _PlainMeta] = {}
+        self._blocks: dict[bytes, bytes] = {}  # likewise: CID -> block of an operation carrying content
 
     # --- reading -----------------------------------------------------------------------------
 
@@ -313,10 +318,19 @@ class Library:
         raw = view.get(status_key(cid_raw))
         return OpStatus.unpack(raw) if raw is not None else None
 
-    @staticmethod
-    def content(view: ReadView, op_cid: bytes, folding: dict[bytes, Operation] | None = None) -> Experience:
+    def content(self, view: ReadView, op_cid: bytes, folding: dict[bytes, Operation] | None = None) -> Experience:
         """The experience an add, modify or merge carries (operations being folded come from memory)."""
-        op = (folding or {}).get(op_cid) or load_stored(view.get(block_key(op_cid)))
+        op = (folding or {}).get(op_cid)
+        if op is None:
+            block = self._blocks.get(op_cid)
+            if block is None:
+                block = view.get(block_key(op_cid))
+                if block is None:
+                    raise KeyError(f"no operation {CID(op_cid)}")
+                if len(self._blocks) >= _CONTENT_CACHE_LIMIT:
+                    self._blocks.clear()
+                self._blocks[op_cid] = block
+            op = load_stored(block)
         assert op.content is not None
         return op.content
 
