@@ -5,15 +5,15 @@ operation (is it stored?), an author's vote on an experience (`Y`, `R`), a new a
 record (`X`) and absorption (`E`), and per add its 32 near-duplicate bucket marks (`I`, §7.6). Each
 such get consults a table file on every level of the database, and LevelDB charges those reads to
 the first file, which it compacts when its allowance of seeks runs out: at a million operations
-the absent gets alone kept the compaction thread busy for ~half of its CPU (a window of 10,000
-operations on a copy of the 1M directory: 513-575 -> 249-268 us of compaction CPU per operation
-without them, writer 860-937 -> 784-823 us).
+the absent gets cost about a quarter of the compaction thread's CPU (windows of 60,000 operations
+on copies of the 1M directory: ~770 -> ~570 us per operation; half in windows without a memtable
+flush, 513-575 -> 244-268 us).
 
 The filter answers "absent" only for a key it never saw: it has no false negatives, so every
-verdict stays exact (a "maybe" still reads LevelDB). The store sets a key's bits before the write
-that holds it, so no reader, on any thread, is told a committed key is absent. 2^28 bits (32 MiB),
-3 positions from a BLAKE2b digest of the key: with 10.5 million keys (a million operations of the
-workload) ~0.14% of absent keys still cost a get.
+verdict stays exact (a "maybe" still reads LevelDB). A key's bits are set before the write that
+holds it (by `Transaction.put`, or `Store.write`), so no reader, on any thread, is told a committed
+key is absent. 2^28 bits (32 MiB), 3 positions from a BLAKE2b digest of the key: with the 10 million
+keys of a million operations of the workload ~0.12% of absent keys still cost a get.
 
 It is derived state, like the vector index: saved beside the database at close with a stamp (the
 library generation and the log size: every write to these tables changes one of them), the
