@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -22,7 +22,7 @@ from tests import factories
 keys = st.builds(lambda table, rest: table + rest, st.sampled_from(TABLES), st.binary(max_size=80))
 
 
-def _ready_filter(directory: Path, stored: list[bytes] = ()) -> KeyFilter:
+def _ready_filter(directory: Path, stored: Sequence[bytes] = ()) -> KeyFilter:
     key_filter = KeyFilter(directory, "did:key:z")
     key_filter.open((0, 0), iter(stored))
     assert key_filter.wait_ready(30)
