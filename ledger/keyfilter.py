@@ -101,11 +101,6 @@ class KeyFilter:
         self._count = 0  # keys the bits cover (about: a key written twice, or during a rebuild, may count twice)
         self._built_count = 0
 
-    @property
-    def ready(self) -> bool:
-        """Whether "absent" answers are given (the rebuilt bits are taken in at the writer's next `add`)."""
-        return self._ready
-
     def open(self, stamp: Stamp, keys: Iterable[bytes]) -> str:
         """Load the saved filter of this `stamp`, or rebuild it from `keys` (every key of `TABLES`, from a snapshot
         taken by the caller after it attached the filter to the store); returns "loaded" or why it was rebuilt.

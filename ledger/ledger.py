@@ -131,8 +131,8 @@ class Ledger:
         if why is not None:
             self.rebuild_index(why)
         keys = self._snapshot  # a rebuild thread reads the keys as they are now; the writer adds its own
-        #: "loaded", or why the saved key filter could not be used and is being rebuilt (last: nothing after
-        #: this may fail and leave that thread reading a closed database)
+        #: "loaded", or why the saved key filter could not be used and is being rebuilt (on a thread, which
+        #: `Store.close` stops before the database closes)
         self.key_filter_status = self.key_filter.open(
             self._filter_stamp(), (key for table in FILTERED_TABLES for key in keys.keys(table))
         )
