@@ -4,7 +4,9 @@ its state."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -104,6 +106,17 @@ def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Pat
     why, rebuilt = reopened()
     assert why.startswith("damaged") and rebuilt.wait_ready(30)
     assert all(rebuilt.may_hold(key) for key in stored)
+
+
+def test_a_file_of_another_format_whose_digest_matches_is_not_trusted(tmp_path: Path) -> None:
+    """Another magic with bits of the right size, or this magic with bits of another size."""
+    owner = b"did:key:me"
+    for magic, bits in ((b"expledger-bucket-filter/2", 1 << 25), (b"expledger-key-filter/1", 1 << 20)):
+        body = struct.pack(">32sQQQH", magic, 5, 9, 1, len(owner)) + owner + bytes(bits)
+        (tmp_path / FILTER_FILE).write_bytes(hashlib.sha256(body).digest() + body)
+        key_filter = KeyFilter(tmp_path, owner.decode())
+        assert key_filter.open((5, 9), iter([BLOCK + b"\x07"])) == "another format"
+        assert key_filter.wait_ready(30) and key_filter.may_hold(BLOCK + b"\x07")
 
 
 def test_an_operation_stored_after_the_filter_was_saved_is_not_stored_again(tmp_path: Path, monkeypatch) -> None:
