@@ -215,16 +215,22 @@ class _Records:
             self.txn.put(experience_key(exp_id), found.pack() if found is not None else None)
         self._dirty.clear()
 
-    def resolved(self, exp_id: bytes) -> bytes | None:
-        """The experience standing for `exp_id` now (following aliases); None if `exp_id` has no record."""
-        record = self.record(exp_id)
+    def resolved(self, exp_id: bytes, before: bool = False) -> bytes | None:
+        """The experience standing for `exp_id` now, or `before` this fold (following aliases); None if
+        `exp_id` has no record."""
+        read = self._before if before else self._load
+        record = read(exp_id)
         if record is None:
             return None
         while record is not None and record.status is Life.ALIAS:
             assert record.alias_of is not None
             exp_id = record.alias_of.raw
-            record = self.record(exp_id)
+            record = read(exp_id)
         return exp_id
+
+    def _before(self, exp_id: bytes) -> ExperienceRecord | None:
+        self._load(exp_id)
+        return self.before[exp_id]
 
 
 @dataclass
@@ -625,11 +631,16 @@ class Library:
         if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in touched):
             self._tally(work, self._members(txn, component))
         elif again:  # the same experiences stand for the same ones: the votes count as they did
-            for exp_id in touched:
-                before, now = records.before[exp_id], records.record(exp_id)
-                if before is not None and now is not None and (before.up, before.down) != (now.up, now.down):
-                    now.up, now.down = before.up, before.down
-                    records.put(now)
+            self._keep_counts(records, touched)
+
+    @staticmethod
+    def _keep_counts(records: _Records, exp_ids: list[bytes]) -> None:
+        """Give records folded again the vote counts they had: the same members resolve to them."""
+        for exp_id in exp_ids:
+            before, now = records.before[exp_id], records.record(exp_id)
+            if before is not None and now is not None and (before.up, before.down) != (now.up, now.down):
+                now.up, now.down = before.up, before.down
+                records.put(now)
 
     @staticmethod
     def _members(txn: Transaction, component: bytes) -> list[bytes]:
@@ -678,36 +689,50 @@ class Library:
         records.put(record)
 
     def _tally(self, work: _Work, members: list[bytes]) -> None:
-        """Count every vote on a component's experiences again: which experience stands for which changed."""
+        """Count again the votes of the roots that gained or lost members: which experience stands for which changed.
+
+        A root's count depends only on the members that resolve to it and their authors' latest votes, and
+        votes are counted after every component is folded: only the roots a member resolved to before this
+        fold or resolves to now, where the two differ, are counted again. Counting every member's votes made a
+        merge in the 1M workload's largest component (6,707 members) cost ~2.5 s.
+        """
         txn, records = work.records.txn, work.records
-        latest: dict[tuple[bytes, str], Vote] = {}
+        was = {exp_id: records.resolved(exp_id, before=True) for exp_id in members}
+        now = {exp_id: records.resolved(exp_id) for exp_id in members}
+        moved = [exp_id for exp_id in members if was[exp_id] != now[exp_id]]
+        roots = {root for exp_id in moved for root in (was[exp_id], now[exp_id]) if root is not None}
         vote = _KIND_BYTE[Kind.VOTE]
-        for exp_id in members:
-            for key, _ in list(txn.scan(counted_prefix(exp_id))):
-                txn.delete(key)
-            root = records.resolved(exp_id)
-            status = OpStatus.applied(exp_id) if root is not None else _not_experience(exp_id)
+        for exp_id in moved:
+            if (was[exp_id] is None) == (now[exp_id] is None):
+                continue
+            status = OpStatus.applied(exp_id) if now[exp_id] is not None else _not_experience(exp_id)
             for key, _ in txn.scan(by_target_prefix(exp_id, vote)):
                 voter = order_cid(parse_by_target_key(key)[1])
                 if self.clock_void(txn, self.meta(txn, voter)) is None:
                     txn.put(status_key(voter), status.pack())  # a vote counts only on an experience that exists
-            if root is None:
+        for root in sorted(roots):
+            for key, _ in list(txn.scan(counted_prefix(root))):
+                txn.delete(key)
+            record = records.record(root)
+            if record is not None and (record.up, record.down) != (0, 0):
+                record.up = record.down = 0
+                records.put(record)
+        latest: dict[tuple[bytes, str], Vote] = {}
+        for exp_id in members:
+            root = now[exp_id]
+            if root not in roots:
                 continue
             for key, raw in txn.scan(votes_prefix(exp_id)):
                 author, cast = parse_votes_key(key)[1], Vote.unpack(raw)
                 if (root, author) not in latest or cast.later_than(latest[(root, author)]):
                     latest[(root, author)] = cast
-        for exp_id in members:
-            record = records.record(exp_id)
-            if record is not None and (record.up, record.down) != (0, 0):
-                record.up = record.down = 0
-                records.put(record)
         for (root, author), cast in sorted(latest.items()):
             record = records.record(root)
             assert record is not None
             _count(record, cast, +1)
             records.put(record)
             txn.put(counted_key(root, author), cast.pack())
+        self._keep_counts(records, [exp_id for exp_id in records.recent if exp_id not in roots])
 
     # --- the rules (docs/PROTOCOL.md §7.4) ------------------------------------------------------------
 
