@@ -629,7 +629,7 @@ class Library:
         # which experience stands for which decides where votes count; one created by this fold had none
         touched = [exp_id for exp_id in records.recent if records.before[exp_id] is not None]
         if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in touched):
-            self._tally(work, self._members(txn, component))
+            self._tally(work, self._members(txn, component), touched)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
             self._keep_counts(records, touched)
 
@@ -688,13 +688,14 @@ class Library:
         txn.put(counted_key(root, op.author), vote.pack())
         records.put(record)
 
-    def _tally(self, work: _Work, members: list[bytes]) -> None:
+    def _tally(self, work: _Work, members: list[bytes], touched: list[bytes]) -> None:
         """Count again the votes of the roots that gained or lost members: which experience stands for which changed.
 
         A root's count depends only on the members that resolve to it and their authors' latest votes, and
         votes are counted after every component is folded: only the roots a member resolved to before this
-        fold or resolves to now, where the two differ, are counted again. Counting every member's votes made a
-        merge in the 1M workload's largest component (6,707 members) cost ~2.5 s.
+        fold or resolves to now, where the two differ, are counted again; the others among the `touched` records
+        (folded again) keep their counts. Counting every member's votes made a merge in the 1M workload's
+        largest component (6,707 members) cost ~2.5 s.
         """
         txn, records = work.records.txn, work.records
         was = {exp_id: records.resolved(exp_id, before=True) for exp_id in members}
@@ -732,7 +733,7 @@ class Library:
             _count(record, cast, +1)
             records.put(record)
             txn.put(counted_key(root, author), cast.pack())
-        self._keep_counts(records, [exp_id for exp_id in records.recent if exp_id not in roots])
+        self._keep_counts(records, [exp_id for exp_id in touched if exp_id not in roots])
 
     # --- the rules (docs/PROTOCOL.md §7.4) ------------------------------------------------------------
 
