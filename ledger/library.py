@@ -628,7 +628,12 @@ class Library:
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
         # which experience stands for which decides where votes count; one created by this fold had none
         touched = [exp_id for exp_id in records.recent if records.before[exp_id] is not None]
-        if any(_stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id]) for exp_id in touched):
+        changed = [
+            exp_id for exp_id in touched if _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
+        ]
+        if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
+            self._move_counts(work, changed)
+        elif changed:
             self._tally(work, self._members(txn, component), touched)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
             self._keep_counts(records, touched)
@@ -687,6 +692,43 @@ class Library:
         _count(record, vote, +1)
         txn.put(counted_key(root, op.author), vote.pack())
         records.put(record)
+
+    @staticmethod
+    def _move_counts(work: _Work, sources: list[bytes]) -> None:
+        """Move the counted votes of roots that became aliases (merged) to the roots they resolve to now.
+
+        Only new operations were folded, so nothing else changed what stands for what: every experience
+        resolving to a source before resolves to the source's new root now, which keeps its own members. A
+        root's counted votes are each author's latest among its members, so the new root's are each author's
+        latest among its own and the sources'. Reads the sources' counted votes, not their members: a merge
+        of two roots in the 1M workload's largest component (6,707 members) cost ~270 ms counting them again.
+        """
+        txn, records = work.records.txn, work.records
+        moved: dict[tuple[bytes, str], Vote] = {}
+        for source in sorted(sources):
+            root = records.resolved(source)
+            assert root is not None and root != source
+            for key, raw in list(txn.scan(counted_prefix(source))):
+                author, cast = parse_votes_key(key)[1], Vote.unpack(raw)
+                txn.delete(key)
+                if (root, author) not in moved or cast.later_than(moved[(root, author)]):
+                    moved[(root, author)] = cast
+            record = records.record(source)
+            assert record is not None
+            if (record.up, record.down) != (0, 0):
+                record.up = record.down = 0
+                records.put(record)
+        for (root, author), cast in sorted(moved.items()):
+            counted_raw = txn.get(counted_key(root, author))
+            counted = Vote.unpack(counted_raw) if counted_raw is not None else None
+            if counted is not None and not cast.later_than(counted):
+                continue
+            record = records.record(root)
+            assert record is not None
+            _count(record, counted, -1)
+            _count(record, cast, +1)
+            txn.put(counted_key(root, author), cast.pack())
+            records.put(record)
 
     def _tally(self, work: _Work, members: list[bytes], touched: list[bytes]) -> None:
         """Count again the votes of the roots that gained or lost members: which experience stands for which changed.
@@ -827,6 +869,12 @@ class Library:
 def _stands_for(record: ExperienceRecord | None) -> tuple[bool, CID | None]:
     """What decides where an experience's votes count: whether it exists, and what it is an alias of."""
     return (record is not None, record.alias_of if record is not None else None)
+
+
+def _root_became_alias(records: _Records, exp_id: bytes) -> bool:
+    """Whether an experience stood for itself before this fold and is an alias now (a merge's source)."""
+    before, now = records.before[exp_id], records.record(exp_id)
+    return before is not None and before.status is not Life.ALIAS and now is not None and now.status is Life.ALIAS
 
 
 def _count(record: ExperienceRecord, vote: Vote | None, sign: int) -> None:
