@@ -12,6 +12,11 @@ Figures, all from one run on one stream of operations (bench/workload.py):
   late add      at each checkpoint, an add with clock 1 and no parents from a new author (it sorts
                 before everything) against an add that sorts last: the ratio of their costs
                 (target <= 20 at 10k, 100k and 1M operations)
+  largest       at each checkpoint, in the library's largest component (experiences linked by
+  component     near-duplicate absorption and merges, PROTOCOL.md 7.5: what one operation may have to fold
+                again): a merge of two of its roots, signed by a new key, and an add with clock 1 from a new
+                author repeating one of its adds (a late near-duplicate: the component is folded again);
+                medians of 3, what one peer can make a node spend
   stalls        the longest ingest batch against the median one, and the longest query of a thread
                 that retrieves once every 50 ms while ingest runs, against its median
   memory        the process's resident set at each checkpoint (the generator keeps little)
@@ -34,6 +39,7 @@ import time
 from pathlib import Path
 
 from bench.workload import operations
+from ledger.cid import CID
 from ledger.embedder import embedder_for, pack_float16
 from ledger.ingest import Verdict
 from ledger.keys import AuthorKey
@@ -41,6 +47,7 @@ from ledger.ledger import Ledger
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.retrieval import Retriever
+from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
 
 QUERIES = (
@@ -122,6 +129,38 @@ def _late_behind(ledger: Ledger, params: NetworkParams, behind: int, serial: int
     return _timed(ledger, _add(params, ledger.view().clock(anchor), serial, key=98))
 
 
+def _largest_component(ledger: Ledger, probe: int) -> tuple[int, float | None, float]:
+    """Members of the largest component; the median cost of a merge of two of its roots (None if it has fewer
+    than 6 roots) and of a late near-duplicate of one of its adds, each signed by a new key (`probe`: a serial)."""
+    sizes = ((key[1:], read_u64(raw)) for key, raw in ledger.store.scan(COMPONENT_SIZE))
+    component, size = max(sizes, key=lambda item: (item[1], item[0]))
+    view = ledger.view()
+    members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
+    roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
+    adds = [m for m in members if view.kind(m) is Kind.ADD]
+    merges, lates = [], []
+    for round_ in range(3):
+        if len(roots) >= 6:
+            key = AuthorKey(bytes([120 + round_, probe]) * 16)
+            merges.append(_timed(ledger, _merge(ledger, roots[2 * round_], roots[2 * round_ + 1], key)))
+        original = view.content(adds[round_ % len(adds)])
+        late = Operation(Kind.ADD, "", 1, (), 1_700_000_000, content=original)
+        lates.append(_timed(ledger, sign(late, AuthorKey(bytes([110 + round_, probe]) * 16)).data))
+    return size, statistics.median(merges) if merges else None, statistics.median(lates)
+
+
+def _merge(ledger: Ledger, a: CID, b: CID, key: AuthorKey) -> bytes:
+    embedder = embedder_for(ledger.params)
+    text = "When two insights say the same, keep one and check it against both of their cases."
+    vector = pack_float16(embedder.embed([text])[0])
+    content = Experience(text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
+    parents, clock = ledger.view().parents_and_clock([a, b])
+    merge = Operation(
+        Kind.MERGE, "", clock, parents, 1_700_000_000, content=content, targets=tuple(sorted((a, b))), reason="same"
+    )
+    return sign(merge, key).data
+
+
 #: one query per this many seconds while ingest runs: a steady client load, the same at every size (back-to-back
 #: queries took a share of the 2 cores that changed when search switched from exact to HNSW at 20k live)
 QUERY_INTERVAL = 0.05
@@ -162,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tenth = max(1, args.ops // 10)
     tenths, batch_times, marks = [], [], []
+    components: list[tuple[int, float | None, float]] = []  # per checkpoint: the largest component's probe
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         path = Path(tmp) / "node"
@@ -194,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                 early, last = _late_vs_last(ledger, params, serial)
                 serial += 100
                 marks.append((checkpoints.pop(0), early, last, _rss_mb(), ledger.live_count()))
+                components.append(_largest_component(ledger, len(components)))
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(
@@ -247,6 +288,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  at {size:>9,} ops: late add {early * 1000:6.1f} ms, last add {last * 1000:5.1f} ms, "
             f"ratio {early / last:5.1f} (target <= 20); RSS {rss:,.0f} MB; {live:,} live experiences"
+        )
+    for (size, *_), (members, merge, near) in zip(marks, components, strict=True):
+        merged = f"merge of two roots {merge * 1000:,.1f} ms" if merge is not None else "fewer than 6 roots"
+        print(
+            f"  at {size:>9,} ops: largest component {members:,} experiences: {merged}, "
+            f"late near-duplicate {near * 1000:,.1f} ms"
         )
     median_batch = statistics.median(batch_times)
     print(f"  longest ingest batch     {max(batch_times) * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms)")
