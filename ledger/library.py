@@ -682,16 +682,7 @@ class Library:
             txn.put(status_key(cid), _not_experience(target).pack())
             return
         txn.put(status_key(cid), OpStatus.applied(target).pack())
-        counted_raw = txn.get(counted_key(root, op.author))
-        counted = Vote.unpack(counted_raw) if counted_raw is not None else None
-        if counted is not None and not vote.later_than(counted):
-            return
-        record = records.record(root)
-        assert record is not None
-        _count(record, counted, -1)
-        _count(record, vote, +1)
-        txn.put(counted_key(root, op.author), vote.pack())
-        records.put(record)
+        _count_if_later(records, root, op.author, vote)
 
     @staticmethod
     def _move_counts(work: _Work, sources: list[bytes]) -> None:
@@ -719,16 +710,7 @@ class Library:
                 record.up = record.down = 0
                 records.put(record)
         for (root, author), cast in sorted(moved.items()):
-            counted_raw = txn.get(counted_key(root, author))
-            counted = Vote.unpack(counted_raw) if counted_raw is not None else None
-            if counted is not None and not cast.later_than(counted):
-                continue
-            record = records.record(root)
-            assert record is not None
-            _count(record, counted, -1)
-            _count(record, cast, +1)
-            txn.put(counted_key(root, author), cast.pack())
-            records.put(record)
+            _count_if_later(records, root, author, cast)
 
     def _tally(self, work: _Work, members: list[bytes], touched: list[bytes]) -> None:
         """Count again the votes of the roots that gained or lost members: which experience stands for which changed.
@@ -875,6 +857,20 @@ def _root_became_alias(records: _Records, exp_id: bytes) -> bool:
     """Whether an experience stood for itself before this fold and is an alias now (a merge's source)."""
     before, now = records.before[exp_id], records.record(exp_id)
     return before is not None and before.status is not Life.ALIAS and now is not None and now.status is Life.ALIAS
+
+
+def _count_if_later(records: _Records, root: bytes, author: str, vote: Vote) -> None:
+    """Count `vote` as the author's on `root` if it is later than the vote counted there, in its place."""
+    counted_raw = records.txn.get(counted_key(root, author))
+    counted = Vote.unpack(counted_raw) if counted_raw is not None else None
+    if counted is not None and not vote.later_than(counted):
+        return
+    record = records.record(root)
+    assert record is not None
+    _count(record, counted, -1)
+    _count(record, vote, +1)
+    records.txn.put(counted_key(root, author), vote.pack())
+    records.put(record)
 
 
 def _count(record: ExperienceRecord, vote: Vote | None, sign: int) -> None:
