@@ -150,6 +150,7 @@ def _largest_component(ledger: Ledger, probe: int) -> tuple[int, float | None, f
 
 
 def _merge(ledger: Ledger, a: CID, b: CID, key: AuthorKey) -> bytes:
+    """A merge of `a` and `b` on top of the node's newest heads (it may still be void: §7.4), signed by `key`."""
     embedder = embedder_for(ledger.params)
     text = "When two insights say the same, keep one and check it against both of their cases."
     vector = pack_float16(embedder.embed([text])[0])
