@@ -632,7 +632,7 @@ class Library:
             exp_id for exp_id in touched if _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
-            self._move_counts(work, changed)
+            self._move_counts(records, changed)
         elif changed:
             self._tally(work, self._members(txn, component), touched)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
@@ -685,7 +685,7 @@ class Library:
         _count_if_later(records, root, op.author, vote)
 
     @staticmethod
-    def _move_counts(work: _Work, sources: list[bytes]) -> None:
+    def _move_counts(records: _Records, sources: list[bytes]) -> None:
         """Move the counted votes of roots that became aliases (merged) to the roots they resolve to now.
 
         Only new operations were folded, so nothing else changed what stands for what: every experience
@@ -694,21 +694,12 @@ class Library:
         latest among its own and the sources'. Reads the sources' counted votes, not their members: a merge
         of two roots in the 1M workload's largest component (6,707 members) cost ~270 ms counting them again.
         """
-        txn, records = work.records.txn, work.records
         moved: dict[tuple[bytes, str], Vote] = {}
         for source in sorted(sources):
             root = records.resolved(source)
             assert root is not None and root != source
-            for key, raw in list(txn.scan(counted_prefix(source))):
-                author, cast = parse_votes_key(key)[1], Vote.unpack(raw)
-                txn.delete(key)
-                if (root, author) not in moved or cast.later_than(moved[(root, author)]):
-                    moved[(root, author)] = cast
-            record = records.record(source)
-            assert record is not None
-            if (record.up, record.down) != (0, 0):
-                record.up = record.down = 0
-                records.put(record)
+            for author, cast in _clear_counts(records, source):
+                _keep_latest(moved, root, author, cast)
         for (root, author), cast in sorted(moved.items()):
             _count_if_later(records, root, author, cast)
 
@@ -718,7 +709,7 @@ class Library:
         A root's count depends only on the members that resolve to it and their authors' latest votes, and
         votes are counted after every component is folded: only the roots a member resolved to before this
         fold or resolves to now, where the two differ, are counted again; the others among the `touched` records
-        (folded again) keep their counts. Counting every member's votes made a merge in the 1M workload's
+        (folded again) keep their counts. Counting every member's votes made a fold in the 1M workload's
         largest component (6,707 members) cost ~2.5 s.
         """
         txn, records = work.records.txn, work.records
@@ -736,27 +727,16 @@ class Library:
                 if self.clock_void(txn, self.meta(txn, voter)) is None:
                     txn.put(status_key(voter), status.pack())  # a vote counts only on an experience that exists
         for root in sorted(roots):
-            for key, _ in list(txn.scan(counted_prefix(root))):
-                txn.delete(key)
-            record = records.record(root)
-            if record is not None and (record.up, record.down) != (0, 0):
-                record.up = record.down = 0
-                records.put(record)
+            _clear_counts(records, root)
         latest: dict[tuple[bytes, str], Vote] = {}
         for exp_id in members:
             root = now[exp_id]
             if root not in roots:
                 continue
             for key, raw in txn.scan(votes_prefix(exp_id)):
-                author, cast = parse_votes_key(key)[1], Vote.unpack(raw)
-                if (root, author) not in latest or cast.later_than(latest[(root, author)]):
-                    latest[(root, author)] = cast
+                _keep_latest(latest, root, parse_votes_key(key)[1], Vote.unpack(raw))
         for (root, author), cast in sorted(latest.items()):
-            record = records.record(root)
-            assert record is not None
-            _count(record, cast, +1)
-            records.put(record)
-            txn.put(counted_key(root, author), cast.pack())
+            _count_if_later(records, root, author, cast)
         self._keep_counts(records, [exp_id for exp_id in touched if exp_id not in roots])
 
     # --- the rules (docs/PROTOCOL.md §7.4) ------------------------------------------------------------
@@ -857,6 +837,25 @@ def _root_became_alias(records: _Records, exp_id: bytes) -> bool:
     """Whether an experience stood for itself before this fold and is an alias now (a merge's source)."""
     before, now = records.before[exp_id], records.record(exp_id)
     return before is not None and before.status is not Life.ALIAS and now is not None and now.status is Life.ALIAS
+
+
+def _clear_counts(records: _Records, exp_id: bytes) -> list[tuple[str, Vote]]:
+    """Delete the votes counted on an experience and zero its counts; returns them, with their authors."""
+    counted = []
+    for key, raw in list(records.txn.scan(counted_prefix(exp_id))):
+        counted.append((parse_votes_key(key)[1], Vote.unpack(raw)))
+        records.txn.delete(key)
+    record = records.record(exp_id)
+    if record is not None and (record.up, record.down) != (0, 0):
+        record.up = record.down = 0
+        records.put(record)
+    return counted
+
+
+def _keep_latest(latest: dict[tuple[bytes, str], Vote], root: bytes, author: str, cast: Vote) -> None:
+    """Keep `cast` as the author's vote for `root` if it is later than the one kept."""
+    if (root, author) not in latest or cast.later_than(latest[(root, author)]):
+        latest[(root, author)] = cast
 
 
 def _count_if_later(records: _Records, root: bytes, author: str, vote: Vote) -> None:
