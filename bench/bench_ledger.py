@@ -14,9 +14,12 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 (target <= 20 at 10k, 100k and 1M operations)
   largest       at each checkpoint, in the library's largest component (experiences linked by
   component     near-duplicate absorption and merges, PROTOCOL.md 7.5: what one operation may have to fold
-                again): a merge of two of its roots, signed by a new key, and an add with clock 1 from a new
-                author repeating one of its adds (a late near-duplicate: the component is folded again);
-                medians of 3, what one peer can make a node spend
+                again): a merge of two of its roots, signed by a new key; an add with clock 1 from a new
+                author repeating one of its adds (a late near-duplicate, first among its copies: the
+                component is folded again); a modify, a delete and a copy that sort just after early
+                members no merge names (folded where they sort); a delete of one a merge names (it
+                voids the merge: the component is folded again); medians of 3, what one peer can make
+                a node spend
   stalls        the longest ingest batch against the median one, and the longest query of a thread
                 that retrieves once every 50 ms while ingest runs, against its median
   memory        the process's resident set at each checkpoint (the generator keeps little)
@@ -36,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.workload import operations
@@ -129,16 +133,33 @@ def _late_behind(ledger: Ledger, params: NetworkParams, behind: int, serial: int
     return _timed(ledger, _add(params, ledger.view().clock(anchor), serial, key=98))
 
 
-def _largest_component(ledger: Ledger, probe: int) -> tuple[int, float | None, float]:
-    """Members of the largest component; the median cost of a merge of two of its roots (None if it has fewer
-    than 6 roots) and of a late near-duplicate of one of its adds, each signed by a new key (`probe`: a serial)."""
+@dataclass
+class _ComponentProbe:
+    """What one peer can make a node spend in its largest component: seconds, medians of 3."""
+
+    members: int
+    merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
+    near_duplicate: float  # an add with clock 1 repeating one of its adds: first among their copies
+    in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
+    merge_voided: float | None  # a late delete of an early member a merge names (None: none found)
+
+
+#: the late operations that change one record or two (PROTOCOL.md 7.5: folded where they sort)
+IN_PLACE = ("modify", "delete", "absorbed add")
+
+
+def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
+    """Probe the largest component with operations signed by new keys (`probe`: a serial for the keys)."""
     sizes = ((key[1:], read_u64(raw)) for key, raw in ledger.store.scan(COMPONENT_SIZE))
     component, size = max(sizes, key=lambda item: (item[1], item[0]))
     view = ledger.view()
     members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
     roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
-    adds = [m for m in members if view.kind(m) is Kind.ADD]
-    merges, lates = [], []
+    adds = sorted((m for m in members if view.kind(m) is Kind.ADD), key=lambda m: (view.clock(m), m.raw))
+    named = {m for m in adds[:200] if any(view.kind(other) is Kind.MERGE for other in view.by_target(m))}
+    free = [m for m in adds[:200] if m not in named]
+    merges, lates, voided = [], [], []
+    in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
             key = AuthorKey(bytes([120 + round_, probe]) * 16)
@@ -146,7 +167,34 @@ def _largest_component(ledger: Ledger, probe: int) -> tuple[int, float | None, f
         original = view.content(adds[round_ % len(adds)])
         late = Operation(Kind.ADD, "", 1, (), 1_700_000_000, content=original)
         lates.append(_timed(ledger, sign(late, AuthorKey(bytes([110 + round_, probe]) * 16)).data))
-    return size, statistics.median(merges) if merges else None, statistics.median(lates)
+        for number, kind in enumerate(IN_PLACE):
+            if len(free) > 3 * round_ + number:
+                key = AuthorKey(bytes([130 + 3 * round_ + number, probe]) * 16)
+                target = free[3 * round_ + number]
+                in_place[kind].append(_timed(ledger, _late_on(ledger, kind, target, key)))
+        if len(named) > round_:
+            key = AuthorKey(bytes([140 + round_, probe]) * 16)
+            voided.append(_timed(ledger, _late_on(ledger, "delete", sorted(named)[round_], key)))
+    return _ComponentProbe(
+        size,
+        statistics.median(merges) if merges else None,
+        statistics.median(lates),
+        {kind: statistics.median(times) for kind, times in in_place.items() if times},
+        statistics.median(voided) if voided else None,
+    )
+
+
+def _late_on(ledger: Ledger, kind: str, target: CID, key: AuthorKey) -> bytes:
+    """An operation without parents that sorts just after `target`: a modify or delete of it, or a copy of it."""
+    view = ledger.view()
+    clock, content = view.clock(target) + 1, view.content(target)
+    if kind == "modify":
+        late = Operation(Kind.MODIFY, "", clock, (), 1_700_000_000, content=content, target=target)
+    elif kind == "delete":
+        late = Operation(Kind.DELETE, "", clock, (), 1_700_000_000, target=target, reason="proven incorrect")
+    else:
+        late = Operation(Kind.ADD, "", clock, (), 1_700_000_000, content=content)
+    return sign(late, key).data
 
 
 def _merge(ledger: Ledger, a: CID, b: CID, key: AuthorKey) -> bytes:
@@ -202,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
     tenth = max(1, args.ops // 10)
     tenths, batch_times, marks = [], [], []
-    components: list[tuple[int, float | None, float]] = []  # per checkpoint: the largest component's probe
+    components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         path = Path(tmp) / "node"
@@ -290,12 +338,15 @@ def main(argv: list[str] | None = None) -> int:
             f"  at {size:>9,} ops: late add {early * 1000:6.1f} ms, last add {last * 1000:5.1f} ms, "
             f"ratio {early / last:5.1f} (target <= 20); RSS {rss:,.0f} MB; {live:,} live experiences"
         )
-    for (size, *_), (members, merge, near) in zip(marks, components, strict=True):
-        merged = f"merge of two roots {merge * 1000:,.1f} ms" if merge is not None else "fewer than 6 roots"
+    for (size, *_), probe in zip(marks, components, strict=True):
+        merged = f"merge of two roots {probe.merge * 1000:,.1f} ms" if probe.merge is not None else "fewer than 6 roots"
         print(
-            f"  at {size:>9,} ops: largest component {members:,} experiences: {merged}, "
-            f"late near-duplicate {near * 1000:,.1f} ms"
+            f"  at {size:>9,} ops: largest component {probe.members:,} experiences: {merged}, "
+            f"late near-duplicate {probe.near_duplicate * 1000:,.1f} ms"
         )
+        in_place = ", ".join(f"{kind} {seconds * 1000:,.1f} ms" for kind, seconds in probe.in_place.items())
+        voided = f"{probe.merge_voided * 1000:,.1f} ms" if probe.merge_voided is not None else "no member named"
+        print(f"  {'':16} late on early members: {in_place}; a delete that voids a merge {voided}")
     median_batch = statistics.median(batch_times)
     print(f"  longest ingest batch     {max(batch_times) * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms)")
     if querier.latencies:

@@ -22,7 +22,7 @@ def _run(tmp_path: Path, *args: str) -> str:
 def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
     out = _run(tmp_path, "bench.bench_ledger", "--ops", "2000", "--checkpoints", "1000", "--batch", "100")
     figures = ("decode+validate+verify", "ingest per tenth", "CPU per op, writer", "CPU per op, other threads")
-    probes = ("late add", "largest component", "late near-duplicate", "queries during", "disk")
+    probes = ("late add", "largest component", "late near-duplicate", "late on early members", "queries during", "disk")
     for figure in (*figures, "last tenth / first", *probes):
         assert figure in out, out
 

@@ -246,6 +246,101 @@ def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_pa
     clean.close()
 
 
+def _late_then_all_at_once(tmp_path, history, late):
+    """`history` one by one then `late` on one node, everything at once on another: equal snapshots; returns the
+    first node and how many operations `late` folded again."""
+    incremental, clean = open_ledger(tmp_path / "inc"), open_ledger(tmp_path / "clean")
+    for block in history:
+        incremental.submit(block.data)
+    before = incremental.refolded
+    assert incremental.submit(late.data).outcome != "invalid"
+    clean.ingest([late.data] + [b.data for b in history])
+    assert incremental.view().snapshot() == clean.view().snapshot()
+    clean.close()
+    return incremental, incremental.refolded - before
+
+
+def test_a_late_modify_acts_on_what_its_target_resolved_to_where_it_sorts_without_a_refold(tmp_path):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))  # absorbed into a
+    merge = op(
+        Kind.MERGE,
+        clock=5,
+        parents=[a.cid, b.cid, near_copy.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    late = op(Kind.MODIFY, key=5, clock=3, target=near_copy.cid, content=f.content(TEXT_B))  # before the merge
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
+    assert refolded == 0
+    assert node.view().experience(a.cid).heads == [late.cid]  # a was not merged yet where the modify sorts
+    assert node.view().experience(merge.cid).heads == []
+    node.close()
+
+
+def test_a_late_delete_voids_the_modifies_after_it_without_a_refold(tmp_path):
+    a = f.add()
+    first = op(Kind.MODIFY, key=2, clock=2, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    second = op(Kind.MODIFY, key=2, clock=4, parents=[first.cid], target=a.cid, content=f.content(TEXT_C))
+    late = op(Kind.DELETE, key=5, clock=3, target=a.cid, reason="wrong")  # sorts between the two modifies
+    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], late)
+    assert refolded == 0
+    record = node.view().experience(a.cid)
+    assert record.status == "deleted" and record.heads == [first.cid] and record.version == first.cid
+    assert node.view().status(second.cid).code == "superseded.deleted"
+    node.close()
+
+
+def test_a_late_absorbed_add_joins_where_it_sorts_and_its_support_follows_the_merges_without_a_refold(tmp_path):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    merge = op(
+        Kind.MERGE,
+        clock=5,
+        parents=[a.cid, b.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    c = f.add(f.SEED_TEXTS[3], f.author(5))
+    later = op(
+        Kind.MERGE,
+        key=3,
+        clock=7,
+        parents=[merge.cid, c.cid],
+        targets=tuple(sorted((merge.cid, c.cid))),
+        content=f.content(TEXT_C),
+        reason="same",
+    )
+    late = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # a near copy of a
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge, c, later], late)
+    assert refolded == 0
+    assert node.view().status(late.cid).into == a.cid
+    assert node.view().experience(a.cid).absorbed == [late.cid]  # a had not been merged where the add sorts
+    assert (node.view().experience(merge.cid).support, node.view().experience(later.cid).support) == (3, 4)
+    node.close()
+
+
+def test_a_late_delete_of_a_merged_source_folds_the_component_again(tmp_path):
+    """The merge after it took the deleted experience as a source: it is void now, and its sources live again."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
+    merge = op(
+        Kind.MERGE,
+        clock=5,
+        parents=[a.cid, b.cid, near_copy.cid],
+        targets=tuple(sorted((a.cid, b.cid))),
+        content=f.content(f.SEED_TEXTS[2]),
+        reason="same",
+    )
+    late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
+    assert refolded > 0
+    assert node.view().status(merge.cid).code == "merge.target_deleted"
+    assert node.view().experience(b.cid).status == "live"
+    node.close()
+
+
 def test_duplicates_are_no_ops(ledger):
     add = f.add()
     assert ledger.submit(add.data).outcome == "applied"
