@@ -155,9 +155,10 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     view = ledger.view()
     members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
     roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
-    adds = sorted((m for m in members if view.kind(m) is Kind.ADD), key=lambda m: (view.clock(m), m.raw))
-    named = {m for m in adds[:200] if any(view.kind(other) is Kind.MERGE for other in view.by_target(m))}
-    free = [m for m in adds[:200] if m not in named]
+    adds = [m for m in members if view.kind(m) is Kind.ADD]
+    early = sorted(adds, key=lambda m: (view.clock(m), m.raw))[:200]
+    named = {m for m in early if any(view.kind(other) is Kind.MERGE for other in view.by_target(m))}
+    free = [m for m in early if m not in named]
     merges, lates, voided = [], [], []
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):

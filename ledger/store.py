@@ -498,6 +498,17 @@ class Store:
         except plyvel.Error as exc:
             raise self._read_error(exc) from None
 
+    def keys(self, prefix: bytes, start: bytes | None = None) -> list[bytes]:
+        """The keys `scan` yields, as one list: a long range costs LevelDB's iteration, not a Python step per key."""
+        try:
+            return list(
+                self._db.iterator(
+                    start=start or prefix, stop=prefix_end(prefix), include_value=False, verify_checksums=True
+                )
+            )
+        except plyvel.Error as exc:
+            raise self._read_error(exc) from None
+
     def transaction(self) -> Transaction:
         return Transaction(self)
 
@@ -612,6 +623,19 @@ class Transaction:
         for key in mine[index:]:
             if (written := self._writes[key]) is not None:
                 yield key, written
+
+    def keys(self, prefix: bytes, start: bytes | None = None) -> list[bytes]:
+        """The keys `scan` yields, as one list (see `Store.keys`)."""
+        if prefix[0] not in _SCANNABLE:
+            raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
+        keys = self._sorted.get(prefix[0], [])
+        low = start or prefix
+        mine = keys[bisect.bisect_left(keys, low) : bisect.bisect_left(keys, prefix_end(prefix))]
+        stored = self._store.keys(prefix, start)
+        if not mine:
+            return stored
+        written = self._writes
+        return sorted({key for key in stored if key not in written} | {key for key in mine if written[key] is not None})
 
     def commit(self) -> None:
         self._store._apply(self._writes)  # every key of it is in the key filter since its put

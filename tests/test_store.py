@@ -6,11 +6,14 @@ import shutil
 
 import plyvel
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ledger.errors import LedgerError
 from ledger.ledger import Ledger
 from ledger.store import (
     BLOCK,
+    BUCKET,
     FORMAT,
     FORMAT_HEADS_BY_CID,
     FORMAT_KEY,
@@ -387,4 +390,27 @@ def test_a_write_that_fails_midway_writes_nothing(tmp_path):
     with pytest.raises(TypeError):
         store.write({b"Ma": b"1", b"Mb": "not bytes"})  # type: ignore[dict-item]
     assert store.get(b"Ma") is None
+    store.close()
+
+
+_SUFFIXES = st.binary(min_size=0, max_size=3)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    stored=st.sets(_SUFFIXES, max_size=30),
+    written=st.dictionaries(_SUFFIXES, st.booleans(), max_size=15),
+    prefix=st.binary(max_size=1),
+    start=st.none() | _SUFFIXES,
+)
+def test_a_transactions_keys_are_the_keys_of_its_scan(tmp_path_factory, stored, written, prefix, start):
+    """`keys` lists in one step what `scan` yields: stored keys, this transaction's puts, less its deletes."""
+    store = Store(tmp_path_factory.mktemp("db") / "db", create=True)
+    store.write({BUCKET + suffix: b"v" for suffix in stored})
+    txn = store.transaction()
+    for suffix, put in written.items():
+        txn.put(BUCKET + suffix, b"w" if put else None)
+    low = BUCKET + prefix + start if start is not None else None
+    assert txn.keys(BUCKET + prefix, low) == [key for key, _ in txn.scan(BUCKET + prefix, low)]
+    assert store.keys(BUCKET + prefix, low) == [key for key, _ in store.scan(BUCKET + prefix, low)]
     store.close()
