@@ -616,7 +616,8 @@ class Library:
         return keep
 
     def _fold_component(self, work: _Work, component: bytes, start: bytes) -> None:
-        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again.
+        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again,
+        unless that one is alone and can be folded where it sorts (`_fold_in_place`).
 
         Only the component's operations from `start` on are read unless it must be folded again.
         """
@@ -706,7 +707,7 @@ class Library:
 
     def _absorb_late(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
         """A late add absorbed into an earlier one, F, and first among no later ones (§7.6): what F resolved to
-        where the add sorts gains it, and each merge since then that took it as a source gains its support."""
+        where the add sorts gains it, and each merge it went into since then gains one support."""
         into = records.txn.get(absorbs_key(cid))
         assert into is not None, "a late add that is absorbed by none and absorbs none is a component of its own"
         stands = records.record(self._resolved_at(records, into, order))

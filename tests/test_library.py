@@ -102,17 +102,28 @@ def test_merge_turns_sources_into_aliases_and_keeps_support_and_votes(tmp_path):
     node.close()
 
 
-def _two_adds_and_their_merge():
-    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    merge = op(
+def _merge(sources, clock, parents, key=1, text=f.SEED_TEXTS[2]):
+    return op(
         Kind.MERGE,
-        clock=2,
-        parents=[a.cid, b.cid],
-        targets=tuple(sorted((a.cid, b.cid))),
-        content=f.content(f.SEED_TEXTS[2]),
+        key=key,
+        clock=clock,
+        parents=parents,
+        targets=tuple(sorted(source.cid for source in sources)),
+        content=f.content(text),
         reason="same",
     )
-    return a, b, merge
+
+
+def _two_adds_and_their_merge():
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    return a, b, _merge((a, b), clock=2, parents=[a.cid, b.cid])
+
+
+def _a_near_copy_of_a_merged_source():
+    """a and b merged at clock 5, and a near copy of a (clock 2, absorbed into it) that the merge does not name."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
+    return a, near_copy, b, _merge((a, b), clock=5, parents=[a.cid, b.cid, near_copy.cid])
 
 
 @pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
@@ -261,16 +272,7 @@ def _late_then_all_at_once(tmp_path, history, late):
 
 
 def test_a_late_modify_acts_on_what_its_target_resolved_to_where_it_sorts_without_a_refold(tmp_path):
-    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))  # absorbed into a
-    merge = op(
-        Kind.MERGE,
-        clock=5,
-        parents=[a.cid, b.cid, near_copy.cid],
-        targets=tuple(sorted((a.cid, b.cid))),
-        content=f.content(f.SEED_TEXTS[2]),
-        reason="same",
-    )
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     late = op(Kind.MODIFY, key=5, clock=3, target=near_copy.cid, content=f.content(TEXT_B))  # before the merge
     node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
     assert refolded == 0
@@ -294,24 +296,9 @@ def test_a_late_delete_voids_the_modifies_after_it_without_a_refold(tmp_path):
 
 def test_a_late_absorbed_add_joins_where_it_sorts_and_its_support_follows_the_merges_without_a_refold(tmp_path):
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    merge = op(
-        Kind.MERGE,
-        clock=5,
-        parents=[a.cid, b.cid],
-        targets=tuple(sorted((a.cid, b.cid))),
-        content=f.content(f.SEED_TEXTS[2]),
-        reason="same",
-    )
+    merge = _merge((a, b), clock=5, parents=[a.cid, b.cid])
     c = f.add(f.SEED_TEXTS[3], f.author(5))
-    later = op(
-        Kind.MERGE,
-        key=3,
-        clock=7,
-        parents=[merge.cid, c.cid],
-        targets=tuple(sorted((merge.cid, c.cid))),
-        content=f.content(TEXT_C),
-        reason="same",
-    )
+    later = _merge((merge, c), clock=7, parents=[merge.cid, c.cid], key=3, text=TEXT_C)
     late = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # a near copy of a
     node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge, c, later], late)
     assert refolded == 0
@@ -323,16 +310,7 @@ def test_a_late_absorbed_add_joins_where_it_sorts_and_its_support_follows_the_me
 
 def test_a_late_delete_of_a_merged_source_folds_the_component_again(tmp_path):
     """The merge after it took the deleted experience as a source: it is void now, and its sources live again."""
-    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
-    merge = op(
-        Kind.MERGE,
-        clock=5,
-        parents=[a.cid, b.cid, near_copy.cid],
-        targets=tuple(sorted((a.cid, b.cid))),
-        content=f.content(f.SEED_TEXTS[2]),
-        reason="same",
-    )
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
     node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
     assert refolded > 0
