@@ -748,7 +748,7 @@ class Library:
             if self.meta(txn, cid).kind is Kind.MODIFY:
                 raw = txn.get(status_key(cid))
                 status = OpStatus.unpack(raw) if raw is not None else None
-                if status is not None and status.outcome is Outcome.APPLIED and status.experience == CID(exp_id):
+                if status is not None and status.outcome is Outcome.APPLIED and status.experience.raw == exp_id:
                     found.append((order, cid))
         return found
 

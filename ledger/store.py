@@ -601,12 +601,7 @@ class Transaction:
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Like Store.scan, with this transaction's writes merged in (scannable tables only)."""
-        if prefix[0] not in _SCANNABLE:
-            raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
-        low = start or prefix
-        high = prefix_end(prefix)
-        keys = self._sorted.get(prefix[0], [])
-        mine = keys[bisect.bisect_left(keys, low) : bisect.bisect_left(keys, high)]
+        mine = self._written_in(prefix, start)
         stored = self._store.scan(prefix, start)
         index = 0
         for key, value in stored:
@@ -626,16 +621,19 @@ class Transaction:
 
     def keys(self, prefix: bytes, start: bytes | None = None) -> list[bytes]:
         """The keys `scan` yields, as one list (see `Store.keys`)."""
-        if prefix[0] not in _SCANNABLE:
-            raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
-        keys = self._sorted.get(prefix[0], [])
-        low = start or prefix
-        mine = keys[bisect.bisect_left(keys, low) : bisect.bisect_left(keys, prefix_end(prefix))]
+        mine = self._written_in(prefix, start)
         stored = self._store.keys(prefix, start)
         if not mine:
             return stored
         written = self._writes
         return sorted({key for key in stored if key not in written} | {key for key in mine if written[key] is not None})
+
+    def _written_in(self, prefix: bytes, start: bytes | None) -> list[bytes]:
+        """The keys this transaction wrote (or deleted) in a scan's range, in key order."""
+        if prefix[0] not in _SCANNABLE:
+            raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
+        keys = self._sorted.get(prefix[0], [])
+        return keys[bisect.bisect_left(keys, start or prefix) : bisect.bisect_left(keys, prefix_end(prefix))]
 
     def commit(self) -> None:
         self._store._apply(self._writes)  # every key of it is in the key filter since its put
