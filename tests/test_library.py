@@ -319,6 +319,31 @@ def test_a_late_delete_of_a_merged_source_folds_the_component_again(tmp_path):
     node.close()
 
 
+@pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
+def test_another_concurrent_operation_on_a_source_of_a_void_merge_rewords_its_verdict_without_a_refold(tmp_path, kind):
+    """One peer could otherwise make the node fold a large component again with each modify it signs."""
+    a, b, merge = _two_adds_and_their_merge()
+    rival = op(Kind.MODIFY, key=3, clock=6, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_C)}
+    another = op(kind, key=4, clock=3, target=a.cid, **fields)  # sorts before the rival, first in the verdict
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge, rival], another)
+    assert refolded == 0
+    status = node.view().status(merge.cid)
+    assert status.code == f"merge.concurrent_{kind.value}" and str(another.cid) in status.reason
+    node.close()
+
+
+def test_a_concurrent_modify_of_a_source_of_a_merge_void_by_a_deleted_source_rewords_it_without_a_refold(tmp_path):
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
+    delete = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")  # a is deleted before the merge
+    modify = op(Kind.MODIFY, key=6, clock=4, target=b.cid, content=f.content(TEXT_C))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, delete], modify)
+    assert refolded == 0
+    assert node.view().status(merge.cid).code == "merge.concurrent_modify"
+    assert node.view().experience(b.cid).heads == [modify.cid]
+    node.close()
+
+
 def test_duplicates_are_no_ops(ledger):
     add = f.add()
     assert ledger.submit(add.data).outcome == "applied"
