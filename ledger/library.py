@@ -18,7 +18,6 @@ no per-experience state in memory.
 from __future__ import annotations
 
 import bisect
-import itertools
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -246,7 +245,7 @@ class _Work:
     dirty: dict[bytes, bytes] = field(default_factory=dict)  # component -> the earliest new order in it
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
     takes_over: set[bytes] = field(default_factory=set)  # new adds now first among adds after them (§7.6)
-    placed: dict[bytes, int] = field(default_factory=dict)  # component -> how many new operations it holds
+    placed: dict[bytes, list[bytes]] = field(default_factory=dict)  # component -> the orders of its new operations
     #: void merges a new modify or delete of a source is concurrent with: their verdict may name another rule
     reworded: set[bytes] = field(default_factory=set)
 
@@ -515,7 +514,7 @@ class Library:
             component = found
         txn.put(component_op_key(component, order), b"")
         work.new.add(order)
-        work.placed[component] = work.placed.get(component, 0) + 1
+        work.placed.setdefault(component, []).append(order)
         start = order
         if op.kind in (Kind.DELETE, Kind.MODIFY):
             # a merge of the target is void if this operation is concurrent with it, wherever it sorts (§7.4); one
@@ -615,7 +614,7 @@ class Library:
             txn.put(component_op_key(keep, parse_component_op_key(key)), b"")
         txn.put(component_size_key(keep), u64(sizes[a] + sizes[b]))
         txn.delete(component_size_key(move))
-        work.placed[keep] = work.placed.pop(move, 0) + work.placed.get(keep, 0)
+        work.placed[keep] = work.placed.pop(move, []) + work.placed.get(keep, [])
         starts = [start for start in (work.dirty.pop(move, None), work.dirty.get(keep)) if start is not None]
         assert starts, "the component being placed into is dirty"
         # both halves were folded apart, which is right for all their operations before the first new one
@@ -624,21 +623,17 @@ class Library:
 
     def _fold_component(self, work: _Work, component: bytes, start: bytes) -> None:
         """Fold a component's new operations on top, or, if one sorts before an old one, all of it again,
-        unless that one is alone and can be folded where it sorts (`_fold_in_place`).
+        unless each such late one can be folded where it sorts (`_fold_in_place`).
 
-        Only the component's operations from `start` on are read unless it must be folded again.
+        Only the component's operations from `start` up to one after its last new one are read unless it
+        must be folded again.
         """
         txn, records = work.records.txn, work.records
         records.recent = []  # a component's records are read by its own fold only
-        following = (
-            parse_component_op_key(key)
-            for key, _ in txn.scan(component_op_prefix(component), component_op_key(component, start))
-        )
-        later = list(itertools.islice(following, 2))  # one new operation and one after it: a late one
-        if len(later) == 2 and work.placed[component] == 1 and self._fold_in_place(work, component, start):
-            return
-        later += following
-        again = any(order not in work.new for order in later)
+        placed = sorted(work.placed[component])
+        # `start` is old when a new operation voids a merge before it (§7.4): the component is folded again
+        late = self._late(txn, component, placed, work.new) if start in work.new else []
+        again = start not in work.new or (bool(late) and not self._fold_late(work, component, late))
         if again:
             orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
             for exp_id in self._members(txn, component):
@@ -646,7 +641,8 @@ class Library:
             for order in orders:
                 txn.delete(status_key(order_cid(order)))
             work.fold.refolded += sum(1 for order in orders if order not in work.new)
-        for order in orders if again else later:
+        # the new operations that sort after every old one are folded on top, after the late ones
+        for order in orders if again else placed[len(late) :]:
             cid = order_cid(order)
             op = work.fold.operations.get(cid) or load_stored(txn.get(block_key(cid)))
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
@@ -662,7 +658,26 @@ class Library:
         elif again:  # the same experiences stand for the same ones: the votes count as they did
             self._keep_counts(records, touched)
 
-    def _fold_in_place(self, work: _Work, component: bytes, start: bytes) -> bool:
+    @staticmethod
+    def _late(txn: Transaction, component: bytes, placed: list[bytes], new: set[bytes]) -> list[bytes]:
+        """The component's new operations that an old one sorts after, in canonical order (`placed`: all its
+        new ones). Reads its operations from the first new one up to the first old one after the last."""
+        last_old = None
+        for key, _ in txn.scan(component_op_prefix(component), component_op_key(component, placed[0])):
+            order = parse_component_op_key(key)
+            if order not in new:
+                last_old = order
+                if order > placed[-1]:
+                    break
+        return [order for order in placed if last_old is not None and order < last_old]
+
+    def _fold_late(self, work: _Work, component: bytes, late: list[bytes]) -> bool:
+        """Fold the late new operations where they sort, in canonical order, each as if it had arrived alone;
+        False as soon as one may change more than its record. Then the component is folded again, which
+        rewrites every record and verdict the ones before it changed."""
+        return all(self._fold_in_place(work, component, order) for order in late)
+
+    def _fold_in_place(self, work: _Work, component: bytes, order: bytes) -> bool:
         """Fold a late modify, delete or absorbed add where it sorts, without folding its component again;
         False if it may change more than the record it acts on (then the component is folded again).
 
@@ -675,13 +690,11 @@ class Library:
         §7.5). In a 200k workload's largest component (1,363 experiences, ~1,940 operations) such operations
         cost 160-270 ms folded again, each changing one to five records.
         """
-        if start not in work.new:  # a merge before it that it may void: the component is folded again
-            return False
-        cid = order_cid(start)
+        cid = order_cid(order)
         op = work.fold.operations[cid]
         records, txn = work.records, work.records.txn
         if op.kind is Kind.ADD and cid not in work.takes_over:
-            txn.put(status_key(cid), self._absorb_late(records, cid, op, start).pack())
+            txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
             return True
         if op.kind not in (Kind.MODIFY, Kind.DELETE):
             return False
@@ -692,10 +705,10 @@ class Library:
         if records.record(target) is None:  # a merge that is void created no experience
             txn.put(status_key(cid), _not_experience(target).pack())
             return True
-        exp_id = self._resolved_at(records, target, start)
+        exp_id = self._resolved_at(records, target, order)
         record = records.record(exp_id)
         assert record is not None
-        deleted_before = any(self._order(txn, delete.raw) < start for delete in record.deleted_by)
+        deleted_before = any(self._order(txn, delete.raw) < order for delete in record.deleted_by)
         if op.kind is Kind.MODIFY:
             status = _superseded_by_delete() if deleted_before else self._add_head(records, cid, record, op)
             txn.put(status_key(cid), status.pack())
@@ -703,8 +716,8 @@ class Library:
         if record.status is Life.ALIAS:  # a merge after the delete took E as a source: it is void now
             return False
         # E's modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
-        if not deleted_before and any(self._order(txn, head.raw) > start for head in record.heads):
-            self._heads_before(records, record, self._modifies_on(txn, component, exp_id), start)
+        if not deleted_before and any(self._order(txn, head.raw) > order for head in record.heads):
+            self._heads_before(records, record, self._modifies_on(txn, component, exp_id), order)
         record.status = Life.DELETED
         _insert_cid(record.deleted_by, cid)
         records.put(record)
@@ -715,7 +728,9 @@ class Library:
         """A late add absorbed into an earlier one, F, and first among no later ones (§7.6): what F resolved to
         where the add sorts gains it, and each merge it went into since then gains one support."""
         into = records.txn.get(absorbs_key(cid))
-        assert into is not None, "a late add that is absorbed by none and absorbs none is a component of its own"
+        if into is None:  # a new experience, which a merge of the same batch joined to the component
+            records.put(_new_record(cid, op, support=1))
+            return OpStatus.applied(cid)
         stands = records.record(self._resolved_at(records, into, order))
         assert stands is not None
         _insert_cid(stands.absorbed, cid)

@@ -126,6 +126,12 @@ def _a_near_copy_of_a_merged_source():
     return a, near_copy, b, _merge((a, b), clock=5, parents=[a.cid, b.cid, near_copy.cid])
 
 
+def _a_modified_twice():
+    a = f.add()
+    first = op(Kind.MODIFY, key=2, clock=2, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    return a, first, op(Kind.MODIFY, key=2, clock=4, parents=[first.cid], target=a.cid, content=f.content(TEXT_C))
+
+
 @pytest.mark.parametrize("kind", [Kind.DELETE, Kind.MODIFY])
 def test_a_concurrent_delete_or_modify_voids_the_merge(tmp_path, kind):
     a, b, merge = _two_adds_and_their_merge()
@@ -258,14 +264,16 @@ def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_pa
 
 
 def _late_then_all_at_once(tmp_path, history, late):
-    """`history` one by one then `late` on one node, everything at once on another: equal snapshots; returns the
-    first node and how many operations `late` folded again."""
+    """`history` one by one then `late` (a block, or a list of blocks ingested as one batch) on one node,
+    everything at once on another: equal snapshots; returns the first node and how many operations `late`
+    folded again."""
+    late = late if isinstance(late, list) else [late]
     incremental, clean = open_ledger(tmp_path / "inc"), open_ledger(tmp_path / "clean")
     for block in history:
         incremental.submit(block.data)
     before = incremental.refolded
-    assert incremental.submit(late.data).outcome != "invalid"
-    clean.ingest([late.data] + [b.data for b in history])
+    assert all(receipt.outcome != "invalid" for receipt in incremental.ingest([block.data for block in late]))
+    clean.ingest([block.data for block in late] + [b.data for b in history])
     assert incremental.view().snapshot() == clean.view().snapshot()
     clean.close()
     return incremental, incremental.refolded - before
@@ -282,9 +290,7 @@ def test_a_late_modify_acts_on_what_its_target_resolved_to_where_it_sorts_withou
 
 
 def test_a_late_delete_voids_the_modifies_after_it_without_a_refold(tmp_path):
-    a = f.add()
-    first = op(Kind.MODIFY, key=2, clock=2, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
-    second = op(Kind.MODIFY, key=2, clock=4, parents=[first.cid], target=a.cid, content=f.content(TEXT_C))
+    a, first, second = _a_modified_twice()
     late = op(Kind.DELETE, key=5, clock=3, target=a.cid, reason="wrong")  # sorts between the two modifies
     node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], late)
     assert refolded == 0
@@ -305,6 +311,44 @@ def test_a_late_absorbed_add_joins_where_it_sorts_and_its_support_follows_the_me
     assert node.view().status(late.cid).into == a.cid
     assert node.view().experience(a.cid).absorbed == [late.cid]  # a had not been merged where the add sorts
     assert (node.view().experience(merge.cid).support, node.view().experience(later.cid).support) == (3, 4)
+    node.close()
+
+
+def test_several_late_operations_in_one_batch_are_each_folded_where_they_sort_without_a_refold(tmp_path):
+    """Two late operations in one batch (a peer sends them together) folded the whole component again."""
+    a, first, second = _a_modified_twice()
+    modify = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_C))  # concurrent with first
+    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # absorbed into a
+    delete = op(Kind.DELETE, key=7, clock=3, target=a.cid, reason="wrong")  # voids second, not first or modify
+    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], [delete, near_copy, modify])
+    assert refolded == 0
+    record = node.view().experience(a.cid)
+    assert record.status == "deleted" and record.heads == sorted([first.cid, modify.cid])
+    assert record.absorbed == [near_copy.cid] and record.support == 2
+    assert node.view().status(second.cid).code == "superseded.deleted"
+    node.close()
+
+
+def test_a_late_operation_and_one_on_top_in_one_batch_are_folded_without_a_refold(tmp_path):
+    a, first, second = _a_modified_twice()
+    late = op(Kind.MODIFY, key=5, clock=3, target=a.cid, content=f.content(TEXT_B))
+    on_top = op(Kind.MODIFY, key=2, clock=5, parents=[second.cid], target=a.cid, content=f.content())
+    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], [on_top, late])
+    assert refolded == 0
+    assert node.view().experience(a.cid).heads == sorted([late.cid, on_top.cid])
+    assert node.view().experience(a.cid).version == on_top.cid
+    node.close()
+
+
+def test_a_batch_whose_second_late_operation_voids_a_merge_folds_the_component_again(tmp_path):
+    """The first was folded where it sorts; folding the component again must rewrite what it changed."""
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
+    modify = op(Kind.MODIFY, key=5, clock=3, target=near_copy.cid, content=f.content(TEXT_B))
+    rival = op(Kind.DELETE, key=6, clock=4, target=b.cid, reason="wrong")  # concurrent with the merge
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], [modify, rival])
+    assert refolded > 0
+    assert node.view().status(merge.cid).code == "merge.concurrent_delete"
+    assert node.view().experience(a.cid).heads == [modify.cid]
     node.close()
 
 
