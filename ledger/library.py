@@ -242,10 +242,11 @@ class _Work:
     fold: Fold
     records: _Records
     bands: _BandKeys
-    dirty: dict[bytes, bytes] = field(default_factory=dict)  # component -> the earliest new order in it
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
     takes_over: set[bytes] = field(default_factory=set)  # new adds now first among adds after them (§7.6)
     placed: dict[bytes, list[bytes]] = field(default_factory=dict)  # component -> the orders of its new operations
+    #: new modifies and deletes concurrent with an applied merge of their target: they void it wherever it sorts
+    voids_merge: set[bytes] = field(default_factory=set)
     #: void merges a new modify or delete of a source is concurrent with: their verdict may name another rule
     reworded: set[bytes] = field(default_factory=set)
 
@@ -483,9 +484,9 @@ class Library:
                 self._place(work, cid, op, meta, order)
             if progress and done % 10_000 == 0:
                 progress(done, len(ordered))
-        for component, start in list(work.dirty.items()):
+        for component in list(work.placed):
             pause()
-            self._fold_component(work, component, start)
+            self._fold_component(work, component)
         self._reword(work)
         self._publish_changes(work)
         for cid, op in votes:
@@ -515,7 +516,6 @@ class Library:
         txn.put(component_op_key(component, order), b"")
         work.new.add(order)
         work.placed.setdefault(component, []).append(order)
-        start = order
         if op.kind in (Kind.DELETE, Kind.MODIFY):
             # a merge of the target is void if this operation is concurrent with it, wherever it sorts (§7.4); one
             # that is void already stays void, so only its verdict is read again (not its component folded)
@@ -523,8 +523,7 @@ class Library:
                 if voided:
                     work.reworded.add(merge)
                 else:
-                    start = min(start, merge)
-        work.dirty[component] = min(start, work.dirty.get(component, start))
+                    work.voids_merge.add(order)
         links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
             assert op.content is not None
@@ -614,26 +613,24 @@ class Library:
             txn.put(component_op_key(keep, parse_component_op_key(key)), b"")
         txn.put(component_size_key(keep), u64(sizes[a] + sizes[b]))
         txn.delete(component_size_key(move))
-        work.placed[keep] = work.placed.pop(move, []) + work.placed.get(keep, [])
-        starts = [start for start in (work.dirty.pop(move, None), work.dirty.get(keep)) if start is not None]
-        assert starts, "the component being placed into is dirty"
         # both halves were folded apart, which is right for all their operations before the first new one
-        work.dirty[keep] = min(starts)
+        work.placed[keep] = work.placed.pop(move, []) + work.placed.get(keep, [])
         return keep
 
-    def _fold_component(self, work: _Work, component: bytes, start: bytes) -> None:
+    def _fold_component(self, work: _Work, component: bytes) -> None:
         """Fold a component's new operations on top, or, if one sorts before an old one, all of it again,
         unless each such late one can be folded where it sorts (`_fold_in_place`).
 
-        Only the component's operations from `start` up to one after its last new one are read unless it
+        Only the component's operations from its first new one up to one after its last are read unless it
         must be folded again.
         """
         txn, records = work.records.txn, work.records
         records.recent = []  # a component's records are read by its own fold only
         placed = sorted(work.placed[component])
-        # `start` is old when a new operation voids a merge before it (§7.4): the component is folded again
-        late = self._late(txn, component, placed, work.new) if start in work.new else []
-        again = start not in work.new or (bool(late) and not self._fold_late(work, component, late))
+        # a new operation that voids a merge folds the component again, wherever the merge sorts (§7.4)
+        again = any(order in work.voids_merge for order in placed)
+        late = [] if again else self._late(txn, component, placed, work.new)
+        again = again or (bool(late) and not self._fold_late(work, component, late))
         if again:
             orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
             for exp_id in self._members(txn, component):
@@ -700,8 +697,6 @@ class Library:
             return False
         assert op.target is not None
         target = op.target.raw
-        if not all(voided for _, voided in self._concurrent_merges(txn, target, cid)):
-            return False
         if records.record(target) is None:  # a merge that is void created no experience
             txn.put(status_key(cid), _not_experience(target).pack())
             return True

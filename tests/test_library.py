@@ -340,6 +340,18 @@ def test_a_late_operation_and_one_on_top_in_one_batch_are_folded_without_a_refol
     node.close()
 
 
+def test_a_batch_with_a_late_operation_and_one_on_top_that_voids_a_merge_between_them_folds_it_again(tmp_path):
+    """Found by the convergence test: the late one is the batch's first, so nothing else marked the merge."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    merge = _merge((a, b), clock=5, parents=[a.cid, b.cid])
+    late = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # a near copy of a
+    rival = op(Kind.MODIFY, key=5, clock=9, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge], [late, rival])
+    assert refolded > 0
+    assert node.view().status(merge.cid).code == "merge.concurrent_modify"
+    node.close()
+
+
 def test_a_batch_whose_second_late_operation_voids_a_merge_folds_the_component_again(tmp_path):
     """The first was folded where it sorts; folding the component again must rewrite what it changed."""
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
