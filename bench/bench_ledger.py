@@ -50,6 +50,7 @@ from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
+from ledger.records import Outcome
 from ledger.retrieval import Retriever
 from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
@@ -108,11 +109,12 @@ def _word(serial: int) -> str:
     return "".join(chr(ord("a") + int(digit)) for digit in str(serial))
 
 
-def _timed(ledger: Ledger, data: bytes) -> float:
+def _timed(ledger: Ledger, *data: bytes) -> float:
+    """Seconds to ingest `data` as one batch."""
     start = time.perf_counter()
-    receipt = ledger.submit(data)
+    receipts = ledger.ingest(list(data))
     elapsed = time.perf_counter() - start
-    assert receipt.verdict is Verdict.ACCEPTED, receipt
+    assert all(receipt.verdict is Verdict.ACCEPTED for receipt in receipts), receipts
     return elapsed
 
 
@@ -141,7 +143,9 @@ class _ComponentProbe:
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
     near_duplicate: float  # an add with clock 1 repeating one of its adds: first among their copies
     in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
+    late_pair: float | None  # a late modify and a late delete of two such members in one batch
     merge_voided: float | None  # a late delete of an early member a merge names (None: none found)
+    voided_again: float | None  # then another: the merge is void already
 
 
 #: the late operations that change one record or two (PROTOCOL.md 7.5: folded where they sort)
@@ -157,9 +161,11 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
     adds = [m for m in members if view.kind(m) is Kind.ADD]
     early = sorted(adds, key=lambda m: (view.clock(m), m.raw))[:200]
-    named = {m for m in early if any(view.kind(other) is Kind.MERGE for other in view.by_target(m))}
-    free = [m for m in early if m not in named]
-    merges, lates, voided = [], [], []
+    merging = {m: [o for o in view.by_target(m) if view.kind(o) is Kind.MERGE] for m in early}
+    free = [m for m in early if not merging[m]]
+    # named by a merge that is applied: a delete voids it (one void already would only be reworded)
+    named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
+    merges, lates, pairs, voided, again = [], [], [], [], []
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
@@ -173,15 +179,23 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
                 key = AuthorKey(bytes([130 + 3 * round_ + number, probe]) * 16)
                 target = free[3 * round_ + number]
                 in_place[kind].append(_timed(ledger, _late_on(ledger, kind, target, key)))
+        if len(free) > 10 + 2 * round_:
+            keys = [AuthorKey(bytes([150 + 2 * round_ + number, probe]) * 16) for number in range(2)]
+            pair = [_late_on(ledger, kind, free[9 + 2 * round_ + number], keys[number]) for number, kind in
+                    enumerate(("modify", "delete"))]  # fmt: skip
+            pairs.append(_timed(ledger, *pair))
         if len(named) > round_:
-            key = AuthorKey(bytes([140 + round_, probe]) * 16)
-            voided.append(_timed(ledger, _late_on(ledger, "delete", sorted(named)[round_], key)))
+            for attempt, times in enumerate((voided, again)):
+                key = AuthorKey(bytes([140 + 2 * round_ + attempt, probe]) * 16)
+                times.append(_timed(ledger, _late_on(ledger, "delete", sorted(named)[round_], key)))
     return _ComponentProbe(
         size,
         statistics.median(merges) if merges else None,
         statistics.median(lates),
         {kind: statistics.median(times) for kind, times in in_place.items() if times},
+        statistics.median(pairs) if pairs else None,
         statistics.median(voided) if voided else None,
+        statistics.median(again) if again else None,
     )
 
 
@@ -346,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
             f"late near-duplicate {probe.near_duplicate * 1000:,.1f} ms"
         )
         in_place = ", ".join(f"{kind} {seconds * 1000:,.1f} ms" for kind, seconds in probe.in_place.items())
-        voided = f"{probe.merge_voided * 1000:,.1f} ms" if probe.merge_voided is not None else "no member named"
-        print(f"  {'':16} late on early members: {in_place}; a delete that voids a merge {voided}")
+        pair = f"{probe.late_pair * 1000:,.1f} ms" if probe.late_pair is not None else "too few members"
+        print(f"  {'':16} late on early members: {in_place}; a modify and a delete in one batch {pair}")
+        if probe.merge_voided is not None and probe.voided_again is not None:
+            voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
+            print(f"  {'':16} a delete that voids a merge {voided:,.1f} ms, another once it is void {again:,.1f} ms")
     median_batch = statistics.median(batch_times)
     print(f"  longest ingest batch     {max(batch_times) * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms)")
     if querier.latencies:
