@@ -682,10 +682,11 @@ class Library:
         it sorts (§7.4). A modify's heads are the maximal ones among E's modifies that sort before E's first
         delete, whatever their order; a delete voids E's modifies after it; an absorbed add adds to E's
         support and so to the merges E went into since. Beyond that only a merge can change: one naming the
-        target that the operation voids (§7.4's concurrency rules), or one that took E as a source and is
-        void if E was deleted before it; and an add that is F for later adds changes theirs (PROTOCOL.md
-        §7.5). In a 200k workload's largest component (1,363 experiences, ~1,940 operations) such operations
-        cost 160-270 ms folded again, each changing one to five records.
+        target that the operation voids (§7.4's concurrency rules; `_place` marks those, and the caller folds
+        the component again), or one that took E as a source and is void if E was deleted before it; and an
+        add that is F for later adds changes theirs (PROTOCOL.md §7.5). In a 200k workload's largest
+        component (1,363 experiences, ~1,940 operations) such operations cost 160-270 ms folded again, each
+        changing one to five records.
         """
         cid = order_cid(order)
         op = work.fold.operations[cid]
