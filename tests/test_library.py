@@ -352,6 +352,52 @@ def test_a_batch_with_a_late_operation_and_one_on_top_that_voids_a_merge_between
     node.close()
 
 
+def _two_adds_a_vote_and_their_merge():
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    vote = op(Kind.VOTE, key=7, clock=2, parents=[a.cid], target=a.cid, vote=1)  # counts for the merge
+    return a, b, vote, _merge((a, b), clock=5, parents=[a.cid, b.cid])
+
+
+@pytest.mark.parametrize("clock", [3, 6])  # before the merge (late) and after it
+def test_a_modify_that_voids_a_merge_nothing_acted_on_undoes_it_without_a_refold(tmp_path, clock):
+    """A merge of two small roots and a modify concurrent with it, two signatures, folded a large component."""
+    a, b, vote, merge = _two_adds_a_vote_and_their_merge()
+    rival = op(Kind.MODIFY, key=5, clock=clock, parents=[a.cid] if clock > 5 else [], target=a.cid,
+               content=f.content(TEXT_B))  # fmt: skip
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge], rival)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
+    assert view.experience(a.cid).heads == [rival.cid] and view.experience(a.cid).up == 1
+    assert view.experience(b.cid).status == "live" and view.experience(b.cid).alias_of is None
+    node.close()
+
+
+def _acting_on(a, merge, after):
+    """Operations after the merge that act on it: an add absorbed into it; a modify or a delete of a source that
+    descends from it; a vote naming it; a merge of it."""
+    if after == "absorbed add":
+        return [f.signed(f.operation(Kind.ADD, clock=6, content=f.content()), f.author(8))]  # a copy of a
+    if after == "modify":
+        return [op(Kind.MODIFY, key=8, clock=6, parents=[merge.cid], target=a.cid, content=f.content(TEXT_C))]
+    if after == "delete":
+        return [op(Kind.DELETE, key=8, clock=6, parents=[merge.cid], target=a.cid, reason="wrong")]
+    if after == "vote":
+        return [op(Kind.VOTE, key=8, clock=6, parents=[merge.cid], target=merge.cid, vote=-1)]
+    c = f.add(f.SEED_TEXTS[3], f.author(9))
+    return [c, _merge((merge, c), clock=7, parents=[merge.cid, c.cid], key=8, text=TEXT_C)]
+
+
+@pytest.mark.parametrize("after", ["absorbed add", "modify", "delete", "vote", "merge"])
+def test_a_modify_that_voids_a_merge_something_acted_on_folds_the_component_again(tmp_path, after):
+    a, b, vote, merge = _two_adds_a_vote_and_their_merge()
+    rival = op(Kind.MODIFY, key=5, clock=6, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, *_acting_on(a, merge, after)], rival)
+    assert refolded > 0
+    assert node.view().status(merge.cid).code == "merge.concurrent_modify"
+    node.close()
+
+
 def test_a_batch_whose_second_late_operation_voids_a_merge_folds_the_component_again(tmp_path):
     """The first was folded where it sorts; folding the component again must rewrite what it changed."""
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
