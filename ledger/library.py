@@ -69,6 +69,7 @@ from ledger.store import (
     counted_key,
     counted_prefix,
     experience_key,
+    head_key,
     member_key,
     member_prefix,
     opmeta_key,
@@ -404,12 +405,18 @@ class Library:
         walking only through operations whose clock exceeds the candidate's).
 
         Direct parents, the usual case, cost one lookup; the others are walked one by one, each
-        with its own clock floor, as the definition says.
+        with its own clock floor, as the definition says. A head has no children, so it is no one's
+        ancestor: one lookup instead of a walk that, to answer no, visits every ancestor of
+        `descendant` above the floor (in a 200k workload directory, an old merge and a modify of
+        its source made by this node: ~400,000 metadata reads, 2.9 s). The heads include the
+        operations being folded (the ingest path moves them first).
         """
         parents = self.meta(view, descendant).parents
         found = set(candidates).intersection(parents)
         for candidate in set(candidates) - found:
             floor = self.meta(view, candidate).clock
+            if view.get(head_key(floor, candidate)) is not None:
+                continue
             stack = list(parents)
             seen: set[bytes] = set()
             while stack:
