@@ -525,7 +525,7 @@ def test_the_objects_a_full_garbage_collection_visits_do_not_grow_with_the_ledge
             for batch in range(start, start + 1500, 500):
                 ledger.ingest(blocks[batch : batch + 500])
             # a collection untracks a tuple only if its items are untracked by then; a tuple of tuples may
-            # need a second one (once in ~10 runs after other tests, ~180 cached metadata tuples were counted)
+            # need a second one (once in ~10 runs after other tests, ~180 more tuples were counted)
             gc.collect()
             gc.collect()
             counts.append(len(gc.get_objects()))
