@@ -17,9 +17,11 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 again): a merge of two of its roots, signed by a new key; an add with clock 1 from a new
                 author repeating one of its adds (a late near-duplicate, first among its copies: the
                 component is folded again); a modify, a delete and a copy that sort just after early
-                members no merge names (folded where they sort); a delete of one a merge names (it
-                voids the merge: the component is folded again); medians of 3, what one peer can make
-                a node spend
+                members no merge names (folded where they sort), and a modify and a delete of two such
+                members in one batch; a delete of one an applied merge names (it voids the merge: the
+                merge is undone if nothing acted on it since, else the component is folded again), then
+                another once the merge is void (its verdict is reworded); medians of 3, what one peer
+                can make a node spend
   stalls        the longest ingest batch against the median one, and the longest query of a thread
                 that retrieves once every 50 ms while ingest runs, against its median
   memory        the process's resident set at each checkpoint (the generator keeps little)
@@ -144,7 +146,7 @@ class _ComponentProbe:
     near_duplicate: float  # an add with clock 1 repeating one of its adds: first among their copies
     in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
     late_pair: float | None  # a late modify and a late delete of two such members in one batch
-    merge_voided: float | None  # a late delete of an early member a merge names (None: none found)
+    merge_voided: float | None  # a late delete of an early member an applied merge names (None: none found)
     voided_again: float | None  # then another: the merge is void already
 
 

@@ -246,8 +246,8 @@ class _Work:
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
     takes_over: set[bytes] = field(default_factory=set)  # new adds now first among adds after them (§7.6)
     placed: dict[bytes, list[bytes]] = field(default_factory=dict)  # component -> the orders of its new operations
-    #: new modifies and deletes concurrent with an applied merge of their target: they void it wherever it sorts
-    voids_merge: set[bytes] = field(default_factory=set)
+    #: new modify or delete -> the applied merges of its target it is concurrent with: it voids them wherever they sort
+    voids_merge: dict[bytes, list[bytes]] = field(default_factory=dict)
     #: void merges a new modify or delete of a source is concurrent with: their verdict may name another rule
     reworded: set[bytes] = field(default_factory=set)
 
@@ -530,7 +530,7 @@ class Library:
                 if voided:
                     work.reworded.add(merge)
                 else:
-                    work.voids_merge.add(order)
+                    work.voids_merge.setdefault(order, []).append(merge)
         links = list(meta.targets) if op.kind is Kind.MERGE else []
         if op.kind is Kind.ADD:
             assert op.content is not None
@@ -689,10 +689,7 @@ class Library:
         concurrent with it (~1.2 s in the 1M workload's largest component).
         """
         records, txn = work.records, work.records.txn
-        cid = order_cid(order)
-        target = work.fold.operations[cid].target
-        assert target is not None
-        merges = [merge for merge, voided in self._concurrent_merges(txn, target.raw, cid) if not voided]
+        merges = work.voids_merge[order]  # found by `_place`: finding them again walks the ancestry again
         if not all(self._acted_on_by_none(records, order_cid(merge)) for merge in merges):
             return False
         for merge in merges:
