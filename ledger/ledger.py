@@ -163,11 +163,20 @@ class Ledger:
             store.close()
             raise StoreError(exc.code, f"node key: {exc.message}") from None
         try:
-            _check_network(store, params)
-            return cls(data_dir, params, store, node_key, embedder)
+            before_horizon = _check_network(store, params)
+            ledger = cls(data_dir, params, store, node_key, embedder)
         except BaseException:
             store.close()
             raise
+        if before_horizon:
+            log.info("%s: folding the library again under the causal horizon (PROTOCOL.md §7.2)", data_dir)
+            try:
+                ledger.rebuild_library()
+                store.write({NETWORK: codec.encode(dataclasses.asdict(params))})  # not before: a crash folds again
+            except BaseException:
+                ledger.close()
+                raise
+        return ledger
 
     def close(self) -> None:
         with self._write_lock:
@@ -507,18 +516,23 @@ class Ledger:
             self._snapshot = self.store.snapshot()
 
 
-def _check_network(store: Store, params: NetworkParams) -> None:
+def _check_network(store: Store, params: NetworkParams) -> bool:
     """A data directory belongs to one network: refuse to open it with other network parameters.
 
     Validity, the fold and the index all depend on them (as a blockchain node checks its genesis).
+    True for a directory written before the causal horizon was a parameter: its library was folded
+    without one, and must be folded again.
     """
     wanted = dataclasses.asdict(params)
     raw = store.get(NETWORK)
     if raw is None:
         store.write({NETWORK: codec.encode(wanted)})
-        return
+        return False
     recorded = codec.decode(raw)
+    before_horizon = "causal_horizon" not in recorded
+    recorded.setdefault("causal_horizon", params.causal_horizon)
     differing = sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name) != recorded.get(name))
     if differing:
         details = ", ".join(f"{name} {recorded.get(name)!r} (asked {wanted.get(name)!r})" for name in differing)
         raise StoreError("store.network", f"{store.path}: this data directory belongs to another network: {details}")
+    return before_horizon

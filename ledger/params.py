@@ -35,7 +35,9 @@ _CALIBRATED_FIELDS = ("relevance_threshold", "near_duplicate_cosine", "embedding
 #: each is bounded where it would start to cost memory or break storage: an embedding is allocated
 #: per text (8,192 dimensions covers the seeds' 7,680-d model), an operation is read whole (1 MiB),
 #: and parents and merge targets are counted in one byte beside each stored operation (255). A
-#: limit on characters never needs to exceed the largest operation.
+#: limit on characters never needs to exceed the largest operation. The causal horizon bounds an
+#: ancestry walk (§7.2 of docs/PROTOCOL.md) to that many clock levels; 2**32 is far beyond any
+#: network's history, so it never needs more.
 INT_RANGES: dict[str, tuple[int, int]] = {
     "text_max": (1, 4096),
     "embedding_dim": (1, 8192),
@@ -47,6 +49,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "max_parents": (1, 255),
     "max_merge_targets": (2, 255),
     "max_domain_depth": (1, 64),
+    "causal_horizon": (1, 1 << 32),
 }
 _MODEL_NAME = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces: it is written into every operation
 #: a network's name: it names the gossip topic and is recorded in every data directory of the network
@@ -79,6 +82,9 @@ class NetworkParams:
     max_parents: int = 64
     max_merge_targets: int = 16
     max_domain_depth: int = 8
+    #: an operation whose clock exceeds another's by more than this counts as its descendant (§7.2), so
+    #: deciding ancestry walks at most this many clock levels
+    causal_horizon: int = 1024
     #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
     near_duplicate_cosine: float = None  # type: ignore[assignment]  # None: the model's calibrated value
     #: retrieval serves experiences whose cosine with the query exceeds this

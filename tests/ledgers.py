@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -26,8 +27,9 @@ ACTIONS = (
 )
 
 
-def open_ledger(path: Path) -> Ledger:
-    return Ledger.open(path, f.PARAMS)
+def open_ledger(path: Path, causal_horizon: int = f.PARAMS.causal_horizon) -> Ledger:
+    """A ledger of the test network; a small `causal_horizon` makes operations a few clock levels apart ordered."""
+    return Ledger.open(path, dataclasses.replace(f.PARAMS, causal_horizon=causal_horizon))
 
 
 def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Block]:

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from bench.workload import operations
+from ledger import codec
 from ledger.embedder import pack_float16
+from ledger.ledger import DB_DIR
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import OpStatus, Outcome
+from ledger.store import NETWORK, Store, StoreError
 from tests import factories as f
 from tests.ledgers import open_ledger
 
@@ -263,12 +266,12 @@ def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_pa
     clean.close()
 
 
-def _late_then_all_at_once(tmp_path, history, late):
+def _late_then_all_at_once(tmp_path, history, late, horizon=f.PARAMS.causal_horizon):
     """`history` one by one then `late` (a block, or a list of blocks ingested as one batch) on one node,
     everything at once on another: equal snapshots; returns the first node and how many operations `late`
     folded again."""
     late = late if isinstance(late, list) else [late]
-    incremental, clean = open_ledger(tmp_path / "inc"), open_ledger(tmp_path / "clean")
+    incremental, clean = open_ledger(tmp_path / "inc", horizon), open_ledger(tmp_path / "clean", horizon)
     for block in history:
         incremental.submit(block.data)
     before = incremental.refolded
@@ -461,6 +464,99 @@ def test_a_head_is_no_ones_ancestor_and_answering_so_walks_nothing(ledger, monke
     assert not library.is_ancestor(ledger.store, stray.cid.raw, top)
     assert len(reads) <= 3
     assert library.is_ancestor(ledger.store, a.cid.raw, top)  # not a head: walked, and found
+
+
+def test_an_operation_more_than_the_causal_horizon_above_another_descends_from_it_and_walks_stop_there(
+    tmp_path, monkeypatch
+):
+    """§7.2: beyond the horizon the clocks decide, so no walk covers more than `causal_horizon` clock levels."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    child_of_b = op(Kind.VOTE, key=4, clock=2, parents=[b.cid], target=b.cid, vote=1)  # so b is not a head
+    chain = [a]
+    for clock in range(2, 41):
+        chain.append(op(Kind.MODIFY, key=3, clock=clock, parents=[chain[-1].cid], target=a.cid, content=f.content()))
+    near = op(Kind.VOTE, key=5, clock=34, target=b.cid, vote=1)
+    after_near = op(Kind.VOTE, key=5, clock=35, parents=[near.cid], target=b.cid, vote=-1)
+    reads = {}
+    for horizon in (8, f.PARAMS.causal_horizon):
+        node = open_ledger(tmp_path / str(horizon), horizon)
+        node.ingest([block.data for block in [b, child_of_b, *chain, near, after_near]])
+        library, top = node.library, chain[-1].cid.raw
+        counted: list[bytes] = []
+        real = library.meta
+        monkeypatch.setattr(
+            library, "meta", lambda view, cid, real=real, counted=counted: counted.append(cid) or real(view, cid)
+        )
+        assert library.is_ancestor(node.store, b.cid.raw, top) is (horizon == 8)  # no path from the chain to b
+        reads[horizon] = len(counted)
+        counted.clear()
+        assert not library.is_ancestor(node.store, near.cid.raw, top)  # 6 levels below: walked, not found
+        assert len(counted) <= 10
+        node.close()
+    assert reads[8] <= 3 and reads[f.PARAMS.causal_horizon] >= 39  # the default horizon walks the whole chain
+
+
+def _far_above(block):
+    """A modify of `block`'s first merged source, with no parents, more than 4 clock levels above it."""
+    return op(Kind.MODIFY, key=6, clock=block.op.clock + 5, target=block.op.targets[0], content=f.content(TEXT_C))
+
+
+def test_a_modify_beyond_the_causal_horizon_above_a_merge_acts_on_it_instead_of_voiding_it(tmp_path):
+    """A node's modify names its newest heads; in a wide history they need not reach a merge it has long held."""
+    a, b, merge = _two_adds_and_their_merge()
+    modify = _far_above(merge)
+    for horizon, merged in ((4, True), (5, False)):
+        node, _ = _late_then_all_at_once(tmp_path / str(horizon), [a, b, merge], modify, horizon)
+        if merged:
+            assert node.view().status(merge.cid).outcome == "applied"
+            assert node.view().experience(merge.cid).heads == [modify.cid]  # the modify acts on what a resolves to
+        else:
+            assert node.view().status(merge.cid).code == "merge.concurrent_modify"
+        node.close()
+
+
+def test_a_late_modify_beyond_the_causal_horizon_below_a_merge_of_its_target_does_not_void_it(tmp_path):
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    merge = _merge((a, b), clock=8, parents=[a.cid, b.cid])
+    late = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_B))  # 6 levels below the merge
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge], late, horizon=4)
+    assert refolded == 0
+    assert node.view().status(merge.cid).outcome == "applied"
+    assert node.view().experience(a.cid).heads == [late.cid]  # a, where the modify sorts, was not merged yet
+    node.close()
+
+
+def test_a_late_modify_beyond_the_causal_horizon_below_a_head_is_its_ancestor_and_not_a_head(tmp_path):
+    a = f.add()
+    head = op(Kind.MODIFY, key=2, clock=8, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    late = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_C))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, head], late, horizon=4)
+    assert refolded == 0
+    assert node.view().experience(a.cid).heads == [head.cid]
+    assert node.view().status(late.cid).outcome == "superseded"  # by the head that descends from it
+    node.close()
+
+
+def test_a_directory_written_before_the_causal_horizon_is_folded_again_under_it(tmp_path):
+    a, b, merge = _two_adds_and_their_merge()
+    modify = _far_above(merge)
+    old = open_ledger(tmp_path / "old", causal_horizon=4)  # the merge stays: as without a horizon, it would not
+    old.ingest([block.data for block in [a, b, merge, modify]])
+    old.close()
+    store = Store(tmp_path / "old" / DB_DIR, create=False)
+    recorded = codec.decode(store.get(NETWORK))
+    del recorded["causal_horizon"]
+    store.write({NETWORK: codec.encode(recorded)})
+    store.close()
+    upgraded = open_ledger(tmp_path / "old")
+    fresh = open_ledger(tmp_path / "fresh")
+    fresh.ingest([block.data for block in [a, b, merge, modify]])
+    assert upgraded.view().status(merge.cid).code == "merge.concurrent_modify"
+    assert upgraded.view().snapshot() == fresh.view().snapshot()
+    upgraded.close()
+    fresh.close()
+    with pytest.raises(StoreError, match="causal_horizon 1024 \\(asked 4\\)"):
+        open_ledger(tmp_path / "old", causal_horizon=4)
 
 
 def test_duplicates_are_no_ops(ledger):
