@@ -711,12 +711,16 @@ class Library:
         return True
 
     def _acted_on_by_none(self, records: _Records, merge: bytes) -> bool:
-        """Whether no operation after the applied merge acted on it: nothing names it, it has no modify, no
-        delete, no merge took it as a source, and no add was absorbed into it (it lists only its sources)."""
+        """Whether no operation after the applied merge acted on it: it has no modify and no delete (either would
+        have left heads or deleted it, also through a source), no merge names it (an applied one made it an alias;
+        a void one would change verdict, `target.not_experience`, with it gone), and no add was absorbed into it
+        (it lists only its sources). Votes naming it change counts only: they become void with it (the tally
+        after the undo rewrites their statuses), so the workload's merges, voted on within seconds, are undone
+        too."""
         record = records.record(merge)
         if record is None or record.status is not Life.LIVE or record.heads:
             return False
-        if next(iter(records.scan(by_target_prefix(merge))), None) is not None:
+        if next(iter(records.scan(by_target_prefix(merge, _KIND_BYTE[Kind.MERGE]))), None) is not None:
             return False
         sources = [records.record(exp_id.raw) for exp_id in record.absorbed]
         if any(source is None or source.alias_of != record.id for source in sources):

@@ -143,3 +143,66 @@ def test_near_duplicate_adds_in_every_order_converge(tmp_path):
         results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.close()
     assert len(results) == 1
+
+
+def _merges_votes_and_rivals(rng: random.Random) -> list:
+    """Two merges of two adds each, votes on the merges and their sources, and modifies and deletes of the sources
+    that are concurrent with a merge (parents: the source) or descend from it (parents: the merge)."""
+    adds = [f.add(text, f.author(i + 1)) for i, text in enumerate(f.SEED_TEXTS)]
+    merges = [
+        f.signed(
+            f.operation(
+                Kind.MERGE,
+                clock=2,
+                parents=(adds[i].cid, adds[i + 1].cid),
+                targets=tuple(sorted((adds[i].cid, adds[i + 1].cid))),
+                content=f.content(f"When {CONTEXTS[i]}, merge."),
+                reason="same",
+            ),
+            f.author(5 + i),
+        )
+        for i in (0, 2)
+    ]
+    blocks = [*adds, *merges]
+    for number in range(rng.randint(2, 8)):
+        merge = rng.choice(merges)
+        source = rng.choice(merge.op.targets)
+        after = rng.random() < 0.4
+        parents, clock = ((merge.cid,), 3 + rng.randrange(2)) if after else ((source,), 2 + rng.randrange(3))
+        roll, key = rng.random(), f.author(20 + number)
+        if roll < 0.5:
+            target = rng.choice([merge.cid, source])
+            fields = {"target": target, "vote": rng.choice((1, -1))}
+            parents, clock, kind = (merge.cid,), 3 + rng.randrange(2), Kind.VOTE
+        elif roll < 0.8:
+            kind, fields = (
+                Kind.MODIFY,
+                {"target": source, "content": f.content(f"When {CONTEXTS[4]}, {ACTIONS[number % 4]}.")},
+            )
+        else:
+            kind, fields = Kind.DELETE, {"target": source, "reason": "proven incorrect"}
+        blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
+    return blocks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_merges_voided_by_operations_arriving_one_at_a_time_converge(tmp_path_factory, seed):
+    """Each operation alone in its batch, so a modify or delete that voids a merge nothing but votes acted on
+    undoes it (§7.5) instead of folding the component again; the votes naming the merge become void with it."""
+    rng = random.Random(seed)
+    blocks = _merges_votes_and_rivals(rng)
+    order = list(blocks)
+    rng.shuffle(order)
+    if rng.random() < 0.6:  # mostly in causal order, so that rivals often come after the votes on the merge
+        order.sort(key=lambda block: block.op.clock)
+    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"))
+    for block in order:
+        assert one_by_one.submit(block.data).outcome != "invalid"
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once.ingest([block.data for block in blocks])
+    assert one_by_one.view().pending() == []
+    assert one_by_one.view().snapshot() == at_once.view().snapshot()
+    assert one_by_one.view().state_root() == at_once.view().state_root()
+    one_by_one.close()
+    at_once.close()

@@ -378,20 +378,47 @@ def test_a_modify_that_voids_a_merge_nothing_acted_on_undoes_it_without_a_refold
 
 def _acting_on(a, merge, after):
     """Operations after the merge that act on it: an add absorbed into it; a modify or a delete of a source that
-    descends from it; a vote naming it; a merge of it."""
+    descends from it; a merge of it."""
     if after == "absorbed add":
         return [f.signed(f.operation(Kind.ADD, clock=6, content=f.content()), f.author(8))]  # a copy of a
     if after == "modify":
         return [op(Kind.MODIFY, key=8, clock=6, parents=[merge.cid], target=a.cid, content=f.content(TEXT_C))]
     if after == "delete":
         return [op(Kind.DELETE, key=8, clock=6, parents=[merge.cid], target=a.cid, reason="wrong")]
-    if after == "vote":
-        return [op(Kind.VOTE, key=8, clock=6, parents=[merge.cid], target=merge.cid, vote=-1)]
     c = f.add(f.SEED_TEXTS[3], f.author(9))
     return [c, _merge((merge, c), clock=7, parents=[merge.cid, c.cid], key=8, text=TEXT_C)]
 
 
-@pytest.mark.parametrize("after", ["absorbed add", "modify", "delete", "vote", "merge"])
+def test_a_modify_that_voids_a_merge_only_votes_acted_on_undoes_it_and_voids_the_votes_naming_it(tmp_path):
+    a, b, vote, merge = _two_adds_a_vote_and_their_merge()
+    on_merge, on_source = (
+        op(Kind.VOTE, key=8, clock=6, parents=[merge.cid], target=merge.cid, vote=-1),
+        op(Kind.VOTE, key=9, clock=6, parents=[merge.cid], target=b.cid, vote=1),
+    )
+    rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, on_merge, on_source], rival)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
+    assert view.status(on_merge.cid).code == "target.not_experience"
+    assert (view.experience(a.cid).up, view.experience(b.cid).up) == (1, 1)
+    node.close()
+
+
+def test_a_modify_that_voids_a_merge_a_void_merge_names_folds_the_component_again(tmp_path):
+    """Without the merge the void merge naming it has another verdict: its target is no experience."""
+    a, b, vote, merge = _two_adds_a_vote_and_their_merge()
+    c = f.add(f.SEED_TEXTS[3], f.author(9))
+    delete_c = op(Kind.DELETE, key=8, clock=6, parents=[c.cid], target=c.cid, reason="wrong")
+    of_merge = _merge((merge, c), clock=6, parents=[merge.cid, c.cid], key=8, text=TEXT_C)  # void: c deleted
+    rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, delete_c, of_merge], rival)
+    assert refolded > 0
+    assert node.view().status(of_merge.cid).code == "target.not_experience"
+    node.close()
+
+
+@pytest.mark.parametrize("after", ["absorbed add", "modify", "delete", "merge"])
 def test_a_modify_that_voids_a_merge_something_acted_on_folds_the_component_again(tmp_path, after):
     a, b, vote, merge = _two_adds_a_vote_and_their_merge()
     rival = op(Kind.MODIFY, key=5, clock=6, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
