@@ -638,7 +638,7 @@ class Library:
         records.recent = []  # a component's records are read by its own fold only
         placed = sorted(work.placed[component])
         # a new operation that voids a merge folds the component again, wherever the merge sorts (§7.4), unless
-        # nothing has acted on the merge since: then the merge is undone
+        # nothing but votes has acted on the merge since: then the merge is undone
         again = any(order in work.voids_merge for order in placed)
         undone = self._undo_merges(work, placed[0]) if again and len(placed) == 1 else None
         again = again and undone is None
