@@ -55,7 +55,8 @@ def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_fa
 
 def _late_operations(rng: random.Random, history: list, count: int, keys: int = 5) -> list:
     """Valid operations that sort before most of `history`: clock-1 adds (some nearly duplicating history's),
-    and low-clock votes, modifies, deletes and merges of its earliest experiences, none with parents."""
+    and votes, modifies, deletes and merges just after their targets (its earliest experiences, or ones it
+    modified or merged later), none with parents."""
     early = [b for b in history if b.op.kind is Kind.ADD and b.op.clock <= 2]
     # experiences of any age that the history modified or merged: a late modify of one meets heads and merges
     # that sort after it, with a small causal horizon far enough above it to be its descendants
@@ -167,20 +168,18 @@ def _merges_votes_and_rivals(rng: random.Random) -> list:
     for number in range(rng.randint(2, 8)):
         merge = rng.choice(merges)
         source = rng.choice(merge.op.targets)
-        after = rng.random() < 0.4
-        parents, clock = ((merge.cid,), 3 + rng.randrange(2)) if after else ((source,), 2 + rng.randrange(3))
         roll, key = rng.random(), f.author(20 + number)
-        if roll < 0.5:
-            target = rng.choice([merge.cid, source])
-            fields = {"target": target, "vote": rng.choice((1, -1))}
-            parents, clock, kind = (merge.cid,), 3 + rng.randrange(2), Kind.VOTE
+        if roll < 0.5:  # a vote on the merge or its source, after the merge
+            kind, fields = Kind.VOTE, {"target": rng.choice([merge.cid, source]), "vote": rng.choice((1, -1))}
         elif roll < 0.8:
-            kind, fields = (
-                Kind.MODIFY,
-                {"target": source, "content": f.content(f"When {CONTEXTS[4]}, {ACTIONS[number % 4]}.")},
-            )
+            text = f"When {CONTEXTS[4]}, {ACTIONS[number % 4]}."
+            kind, fields = Kind.MODIFY, {"target": source, "content": f.content(text)}
         else:
             kind, fields = Kind.DELETE, {"target": source, "reason": "proven incorrect"}
+        if kind is Kind.VOTE or rng.random() < 0.4:  # descends from the merge
+            parents, clock = (merge.cid,), 3 + rng.randrange(2)
+        else:  # concurrent with it
+            parents, clock = (source,), 2 + rng.randrange(3)
         blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
     return blocks
 
