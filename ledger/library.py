@@ -947,7 +947,9 @@ class Library:
         votes are counted after every component is folded: only the roots a member resolved to before this
         fold or resolves to now, where the two differ, are counted again; the others among the `touched` records
         (folded again) keep their counts. Counting every member's votes made a fold in the 1M workload's
-        largest component (6,707 members) cost ~2.5 s.
+        largest component (6,707 members) cost ~2.5 s. `members` must hold every experience whose root may
+        have changed and every one resolving to such a root: the component's members, or after an undo the
+        undone merges' trees.
         """
         txn, records = work.records.txn, work.records
         was = {exp_id: records.resolved(exp_id, before=True) for exp_id in members}
