@@ -19,9 +19,9 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 component is folded again); a modify, a delete and a copy that sort just after early
                 members no merge names (folded where they sort), and a modify and a delete of two such
                 members in one batch; a delete of one an applied merge names (it voids the merge: the
-                merge is undone if nothing acted on it since, else the component is folded again), then
-                another once the merge is void (its verdict is reworded); medians of 3, what one peer
-                can make a node spend
+                merge is undone if nothing but votes acted on it since, else the component is folded
+                again), then another once the merge is void (its verdict is reworded); medians of 3, what
+                one peer can make a node spend
   stalls        the longest ingest batch against the median one, and the longest query of a thread
                 that retrieves once every 50 ms while ingest runs, against its median
   memory        the process's resident set at each checkpoint (the generator keeps little)

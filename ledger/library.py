@@ -682,8 +682,8 @@ class Library:
         return [order for order in placed if last_old is not None and order < last_old]
 
     def _undo_merges(self, work: _Work, order: bytes) -> list[bytes] | None:
-        """Undo the applied merges the new modify or delete at `order` voids, if nothing has acted on any of
-        them since it was folded; returns the experiences that resolved to them (None: nothing changed).
+        """Undo the applied merges the new modify or delete at `order` voids, if nothing but votes has acted on
+        any of them since it was folded; returns the experiences that resolved to them (None: nothing changed).
 
         Such a merge changed only its own record and its sources' (each became its alias), so voiding it
         gives back the records of the fold without it: its record goes, and each source stands for itself.
