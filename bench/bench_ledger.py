@@ -71,6 +71,33 @@ def _process_cpu() -> float:
     return times.user + times.system
 
 
+def _threads_cpu() -> dict[int, tuple[str, float]]:
+    """CPU seconds of each live thread but the main one, by native id, with a label: a Python thread's name less
+    its number (ledger-verify_0 -> ledger-verify), a native thread's (LevelDB's compaction) "native:" and its comm."""
+    names = {thread.native_id: thread.name.rstrip("0123456789").rstrip("_-") for thread in threading.enumerate()}
+    main, ticks, threads = threading.main_thread().native_id, os.sysconf("SC_CLK_TCK"), {}
+    for entry in Path("/proc/self/task").iterdir():
+        tid = int(entry.name)
+        try:
+            stat, comm = (entry / "stat").read_text(), (entry / "comm").read_text().strip()
+        except FileNotFoundError:  # it ended meanwhile
+            continue
+        if tid != main:
+            fields = stat[stat.rindex(")") + 2 :].split()  # after the comm, which may hold spaces
+            threads[tid] = (names.get(tid) or f"native:{comm}", (int(fields[11]) + int(fields[12])) / ticks)
+    return threads
+
+
+def _by_thread(before: dict[int, tuple[str, float]], others: float, operations: int) -> dict[str, float]:
+    """The other threads' CPU per operation since `before`, by label; what threads that ended since spent (the index
+    thread ends whenever its backlog empties) is what the live ones do not account for."""
+    spent: dict[str, float] = {}
+    for tid, (label, cpu) in _threads_cpu().items():
+        spent[label] = spent.get(label, 0.0) + (cpu - before[tid][1] if tid in before else cpu) / operations
+    spent["ended threads"] = others / operations - sum(spent.values())
+    return spent
+
+
 def _rss_mb() -> float:
     """The resident set size of this process now (not its peak), in MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -236,7 +263,7 @@ class _Querier(threading.Thread):
     """Retrieves at a steady pace while ingest runs, recording each query's latency."""
 
     def __init__(self, ledger: Ledger) -> None:
-        super().__init__(daemon=True)
+        super().__init__(name="bench-queries", daemon=True)
         self.retriever = Retriever(ledger)
         self.latencies: list[float] = []
         self.done = threading.Event()
@@ -269,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     tenths, batch_times, marks = [], [], []
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
+    tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         path = Path(tmp) / "node"
         ledger = Ledger.open(path, params)
@@ -278,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         stream = (block.data for block in operations(args.ops, params))
         done, ingest_seconds, tenth_start, serial = 0, 0.0, 0.0, 10_000_000
         writer_cpu, cpu_start, cpu_done = 0.0, (_process_cpu(), time.thread_time()), 0
+        threads_start = _threads_cpu()
         last_report = time.perf_counter()
         while done < args.ops:
             batch = list(itertools.islice(stream, min(args.batch, args.ops - done)))
@@ -295,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
                 # the main thread also generates the workload: the other threads are the process less it
                 others = _process_cpu() - cpu_start[0] - (time.thread_time() - cpu_start[1])
                 tenths_cpu.append((writer_cpu / (done - cpu_done), others / (done - cpu_done)))
+                tenths_threads.append(_by_thread(threads_start, others, done - cpu_done))
                 writer_cpu, cpu_start, cpu_done = 0.0, (_process_cpu(), time.thread_time()), done
+                threads_start = _threads_cpu()
             if checkpoints and done >= checkpoints[0]:
                 early, last = _late_vs_last(ledger, params, serial)
                 serial += 100
@@ -347,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, column in (("writer", 0), ("other threads", 1)):
         figures = " ".join(f"{cpu[column] * 1e6:,.0f}" for cpu in tenths_cpu)
         print(f"  CPU per op, {label + ',':14} by tenth {figures} us")
+    labels = sorted({label for spent in tenths_threads for label in spent}, key=lambda name: name == "ended threads")
+    for label in labels:
+        figures = " ".join(f"{spent.get(label, 0.0) * 1e6:,.0f}" for spent in tenths_threads)
+        print(f"    {label + ':':26} {figures} us")
     if len(tenths) == 10:
         flat = tenths[-1] / tenths[0]
         print(f"  last tenth / first       {flat:>9.2f}        (target >= 0.8: {'met' if flat >= 0.8 else 'NOT met'})")

@@ -27,7 +27,7 @@ from typing import Any
 
 import ledger.ingest as ingest_module
 import ledger.ledger as ledger_module
-from bench.bench_ledger import _process_cpu, _Querier, _rss_mb
+from bench.bench_ledger import _by_thread, _process_cpu, _Querier, _rss_mb, _threads_cpu
 from bench.workload import operations
 from ledger.ledger import Ledger
 from ledger.params import NetworkParams
@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         querier = None if args.no_queries else _Querier(ledger)
         gc.callbacks.append(on_gc)
         clock.on = True
+        threads_before = _threads_cpu()
         cpu_before, writer_before, wall_before = _process_cpu(), time.thread_time(), time.perf_counter()
         if querier:
             querier.start()
@@ -109,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.perf_counter() - wall_before
         writer = time.thread_time() - writer_before
         others = _process_cpu() - cpu_before - writer
+        by_thread = _by_thread(threads_before, others, len(window))
         clock.on = False
         gc.callbacks.remove(on_gc)
         if querier:
@@ -123,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         f"  ingest wall {wall * per_op:6.0f} us/op, writer CPU {writer * per_op:6.0f} us/op, other threads' CPU "
         f"{others * per_op:6.0f} us/op; RSS {_rss_mb():,.0f} MB"
     )
+    for label, cpu in by_thread.items():
+        print(f"    {label + ':':26} CPU {cpu * 1e6:6.0f} us/op")
     for _, _, label in PHASES:
         cpu_s, wall_s = clock.spent.get(label, (0.0, 0.0))
         print(f"    {label:26} CPU {cpu_s * per_op:6.0f} us/op   wall {wall_s * per_op:6.0f} us/op")

@@ -2,6 +2,7 @@
 
 import contextlib
 import ctypes
+import os
 
 # usearch's extension links libstdc++ statically and exports its symbols; a library loaded after it that needs the
 # system libstdc++ (onnxruntime, for the node-local retrieval model) then crashes the process at import. Loading
@@ -9,3 +10,14 @@ import ctypes
 # (seen with usearch 2.26 and onnxruntime 1.23 to 1.32). Without a system libstdc++ there is nothing to clash with.
 with contextlib.suppress(OSError):
     ctypes.CDLL("libstdc++.so.6", mode=ctypes.RTLD_GLOBAL)
+
+# Native libraries' worker threads spin while they wait for work, and on 2 cores the second one is busy already
+# (LevelDB's compaction, the index thread, signature checks). OpenBLAS's thread spun after each batch's matrix
+# product of the hash bands (ledger/neardup.py): 5.7 s of CPU over 60,000 operations, a tenth of the process,
+# for products that take ~10 us per operation on one thread; the tokenizer's rayon pool (WordLlama) 1.6 s.
+# A user's own setting of TOKENIZERS_PARALLELISM wins; BLAS is limited once numpy is loaded, for the process.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import numpy  # noqa: F401  (loaded first: threadpoolctl finds only the BLAS of libraries already loaded)
+from threadpoolctl import threadpool_limits
+
+threadpool_limits(limits=1, user_api="blas")

@@ -1,6 +1,10 @@
 """The hashing embedder is deterministic, unit-length and meaningful enough to test with."""
 
+import json
+import os
 import struct
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -135,3 +139,20 @@ def test_the_floating_point_shortcut_agrees_with_the_integers_at_the_boundary(di
 def test_no_direction_only_accepts_a_vector_near_zero():
     assert within_distance(pack_float16(np.zeros(4, dtype=np.float32)), [0, 0, 0, 0], Fraction(1, 500))
     assert not within_distance(pack_float16(np.ones(4, dtype=np.float32)), [0, 0, 0, 0], Fraction(1, 500))
+
+
+@pytest.mark.parametrize(("preset", "expected"), [(None, "false"), ("true", "true")])
+def test_importing_the_ledger_keeps_native_thread_pools_to_one_thread(preset, expected):
+    """OpenBLAS's and the tokenizer's worker threads spin between calls, on cores the node needs (ledger/__init__)."""
+    env = {key: value for key, value in os.environ.items() if key != "TOKENIZERS_PARALLELISM"}
+    if preset is not None:
+        env["TOKENIZERS_PARALLELISM"] = preset
+    script = (
+        "import json, os, ledger, threadpoolctl; "
+        "print(json.dumps([os.environ['TOKENIZERS_PARALLELISM'], "
+        "[pool['num_threads'] for pool in threadpoolctl.threadpool_info() if pool['user_api'] == 'blas']]))"
+    )
+    output = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    tokenizers, blas = json.loads(output.stdout)
+    assert tokenizers == expected
+    assert blas and set(blas) == {1}
