@@ -287,7 +287,10 @@ def latency(count: int, queries: int) -> None:
     local_vectors = _unit_rows(base[pairs[:, 0]] + base[pairs[:, 1]] + rng.normal(0, 0.02, (count, minilm.dim)))
     ids = [i.to_bytes(36, "big") for i in range(count)]
     with tempfile.TemporaryDirectory() as directory:
-        network_index = ExperienceIndex(Path(directory), "wordllama", wordllama.dim, "bench")
+        rows = dict(zip(ids, network_vectors.astype(np.float16).astype(np.float32), strict=True))  # version = id
+        network_index = ExperienceIndex(
+            Path(directory), "wordllama", wordllama.dim, "bench", lambda versions: np.stack([rows[v] for v in versions])
+        )
         started = time.perf_counter()
         for start in range(0, count, 5000):
             network_index.update(

@@ -22,7 +22,7 @@ import numpy as np
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.embedder import Embedder, embedder_for
+from ledger.embedder import Embedder, embedder_for, unpack_float16
 from ledger.errors import LedgerError
 from ledger.index import ExperienceIndex, exact_nearest
 from ledger.ingest import (
@@ -124,7 +124,9 @@ class Ledger:
         #: reads (searches, retrieval) in flight: the writer and the index thread let them go first
         self.reads = ReadPriority(_READ_PRIORITY)
         self._index_changed = threading.Condition(self._index_lock)
-        self._index = ExperienceIndex(data_dir, params.embedding_model, params.embedding_dim, node_key.did)
+        self._index = ExperienceIndex(
+            data_dir, params.embedding_model, params.embedding_dim, node_key.did, self._stored_vectors
+        )
         why = self._index.load(self._state.generation)
         #: "loaded", or why the saved index could not be used and was rebuilt
         self.index_status = why or "loaded"
@@ -473,6 +475,12 @@ class Ledger:
                 else:
                     versions[exp_id] = change[0]
             return versions
+
+    def _stored_vectors(self, versions: list[bytes]) -> np.ndarray:
+        """The stored embeddings of these versions: from the database as committed, which holds every version the
+        index does (a block, once stored, never changes), whichever view is published."""
+        rows = [unpack_float16(self.library.content(self.store, version).embedding.values) for version in versions]
+        return np.stack(rows) if rows else np.empty((0, self.params.embedding_dim), dtype=np.float32)
 
     def _live_embeddings(self, view: LedgerView) -> Iterator[tuple[bytes, bytes, bytes]]:
         for record in view.experiences():

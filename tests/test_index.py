@@ -294,5 +294,6 @@ def test_a_restored_index_inserts_and_searches_with_the_ledgers_settings(tmp_pat
         assert ledger.index_status == "loaded"
         restored, fresh = ledger._index._index, hnsw(f.PARAMS.embedding_dim)
         assert (restored.expansion_add, restored.expansion_search) == (fresh.expansion_add, fresh.expansion_search)
+        assert str(restored.dtype) == str(fresh.dtype) == "ScalarKind.I8"
     finally:
         ledger.close()

@@ -23,7 +23,9 @@ def _experiences(seed: int, size: int) -> dict[bytes, tuple[bytes, bytes]]:
     vectors[rng.integers(0, size, size // 10)] = vectors[rng.integers(0, size, size // 10)]
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     ids = [CID.for_block(seed.to_bytes(8, "big") + i.to_bytes(8, "big")).raw for i in range(size)]
-    return {exp_id: (exp_id, pack_float16(vector)) for exp_id, vector in zip(ids, vectors, strict=True)}
+    made = {exp_id: (exp_id, pack_float16(vector)) for exp_id, vector in zip(ids, vectors, strict=True)}
+    _STORED.update((version, values) for version, values in made.values())
+    return made
 
 
 def _queries(seed: int, experiences: dict[bytes, tuple[bytes, bytes]], count: int = 40) -> list[np.ndarray]:
@@ -35,9 +37,21 @@ def _queries(seed: int, experiences: dict[bytes, tuple[bytes, bytes]], count: in
     return [q / np.linalg.norm(q) for q in queries]
 
 
+#: every vector any test indexed, by version: what a ledger's stored embeddings are to its index
+_STORED: dict[bytes, bytes] = {}
+
+
+def _stored(versions: list[bytes]) -> np.ndarray:
+    return np.stack([np.frombuffer(_STORED[version], dtype="<f2").astype(np.float32) for version in versions])
+
+
+def _open(directory: Path, exact_limit: int) -> ExperienceIndex:
+    return ExperienceIndex(directory, f.PARAMS.embedding_model, DIM, "did:key:test", _stored, exact_limit=exact_limit)
+
+
 def _index(directory: Path, exact_limit: int) -> ExperienceIndex:
     directory.mkdir()
-    return ExperienceIndex(directory, f.PARAMS.embedding_model, DIM, "did:key:test", exact_limit=exact_limit)
+    return _open(directory, exact_limit)
 
 
 def _feed(index: ExperienceIndex, experiences: dict, rng: random.Random) -> None:
@@ -72,7 +86,7 @@ def test_below_the_limit_search_is_exact_and_independent_of_insertion_order(tmp_
     shuffled = _index(base / "shuffled", exact_limit=size)
     _feed(shuffled, experiences, rng)
     shuffled.save()
-    restored = ExperienceIndex(base / "shuffled", f.PARAMS.embedding_model, DIM, "did:key:test", exact_limit=size)
+    restored = _open(base / "shuffled", exact_limit=size)
     assert restored.load(-1) is None
 
     expected = _answers(rebuilt, queries, count)
@@ -110,3 +124,44 @@ def test_above_the_limit_the_same_insertion_order_builds_the_same_graph(tmp_path
         indexes.append(index)
     assert (tmp_path / "first" / INDEX_FILE).read_bytes() == (tmp_path / "second" / INDEX_FILE).read_bytes()
     assert _answers(indexes[0], queries, 5) == _answers(indexes[1], queries, 5)
+
+
+def test_a_library_that_shrinks_back_below_the_limit_is_searched_exactly_again(tmp_path):
+    """Above twice the limit the exact rows are dropped (the graph's int8 vectors are not exact); below the
+    limit again they are read from the stored embeddings, and a restored index saved without them does too."""
+    experiences = _experiences(11, 60)
+    queries = _queries(11, experiences)
+    order = sorted(experiences)
+    grown = _index(tmp_path / "grown", exact_limit=10)
+    grown.update(dict(experiences), [])
+    assert grown._exact is None  # 60 > 2 x 10
+    grown.save()
+    kept = {exp_id: experiences[exp_id] for exp_id in order[:9]}
+    rebuilt = _index(tmp_path / "rebuilt", exact_limit=10)
+    rebuilt.rebuild(((exp_id, *item) for exp_id, item in sorted(kept.items())), len(kept), 0)
+    expected = _answers(rebuilt, queries, 5)
+
+    grown.update({}, order[9:])
+    assert _answers(grown, queries, 5) == expected
+    restored = _open(tmp_path / "grown", exact_limit=100)  # saved at 60 experiences, without exact rows
+    assert restored.load(-1) is None and restored._exact is None
+    restored.update({}, order[9:])
+    assert _answers(restored, queries, 5) == expected
+
+
+def test_vectors_of_any_length_are_indexed_by_their_direction(tmp_path):
+    """int8 holds [-1, 1]: a stored embedding longer than 1 (validation checks directions, not lengths) must be
+    indexed as its unit vector, not clipped (usearch normalises before it quantises for the cosine metric)."""
+    experiences = _experiences(12, 400)
+    scaled = {
+        exp_id: (version, pack_float16(np.frombuffer(values, dtype="<f2").astype(np.float32) * 40))
+        for exp_id, (version, values) in experiences.items()
+    }
+    index = _index(tmp_path / "hnsw", exact_limit=0)
+    index.update(scaled, [])
+    distinct = {values for _, values in experiences.values()}  # a tenth of them are copies
+    hits = 0
+    for values in distinct:
+        found = index.search(np.frombuffer(values, dtype="<f2").astype(np.float32), 1)
+        hits += found[0][1] > 0.999
+    assert hits / len(distinct) > 0.95
