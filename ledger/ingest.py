@@ -257,7 +257,7 @@ class Batch:
         for block in blocks:
             self._pause()
             cid, meta = block.cid.raw, OpMeta.of(block.op)
-            txn.put(block_key(cid), block.data)
+            txn.put_block(cid, block.data)
             txn.put(opmeta_key(cid), meta.encode())
             position = self._log.append(cid)
             txn.put(by_author_key(block.op.author, position), cid)
@@ -274,7 +274,7 @@ class Batch:
         self._move_heads(self.applied)
         txn.put(STATE_ROOT, self._root.to_bytes())
         new_ops = {block.cid.raw: block.op for block in blocks}
-        ops = [new_ops[cid] if cid in new_ops else load_stored(txn.get(block_key(cid))) for cid in self.applied]
+        ops = [new_ops[cid] if cid in new_ops else load_stored(txn.block(cid)) for cid in self.applied]
         self.fold = self._library.fold(txn, list(zip(self.applied, ops, strict=True)), pause=self._pause)
 
     def refold(self, applied: list[tuple[bytes, Operation]]) -> None:

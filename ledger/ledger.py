@@ -47,7 +47,6 @@ from ledger.store import (
     NETWORK,
     Store,
     StoreError,
-    block_key,
     log_key,
     merkle_node_key,
     opmeta_key,
@@ -212,7 +211,7 @@ class Ledger:
         if raw is None:
             raise StoreError("store.corrupt", f"log entry {position} is missing")
         cid = CID(raw)
-        data = self.store.get(block_key(cid.raw))
+        data = self.store.block(cid.raw)
         if data is None or CID.for_block(data) != cid or self.store.get(opmeta_key(cid.raw)) is None:
             raise StoreError("store.corrupt", f"log entry {position} ({cid}): its block is missing or damaged")
         if self.store.get(merkle_node_key(0, position)) != leaf_hash(cid.raw):
@@ -518,7 +517,7 @@ class Ledger:
             applied = view.applied_in_order()
             log.info("rebuilding the library from %d applied operations", len(applied))
             batch = Batch(self.store, self.library, self._state)
-            batch.refold([(cid.raw, load_stored(self.store.get(block_key(cid.raw)))) for cid in applied])
+            batch.refold([(cid.raw, load_stored(self.store.block(cid.raw))) for cid in applied])
             self._state = batch.commit()
             self.rebuild_index("the library was rebuilt")
             self._snapshot = self.store.snapshot()

@@ -53,7 +53,6 @@ from ledger.store import (
     Store,
     Transaction,
     absorbs_key,
-    block_key,
     bucket_key,
     bucket_mark_key,
     bucket_prefix,
@@ -175,6 +174,9 @@ class _Records:
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         return self.txn.scan(prefix, start)
+
+    def block(self, cid: bytes) -> bytes | None:
+        return self.txn.block(cid)
 
     def _load(self, exp_id: bytes) -> ExperienceRecord | None:
         if exp_id not in self._current:
@@ -338,7 +340,7 @@ class Library:
         if op is None:
             block = self._blocks.get(op_cid)
             if block is None:
-                block = view.get(block_key(op_cid))
+                block = view.block(op_cid)
                 if block is None:
                     raise KeyError(f"no operation {CID(op_cid)}")
                 if len(self._blocks) >= _CONTENT_CACHE_LIMIT:
@@ -654,7 +656,7 @@ class Library:
         # the new operations that sort after every old one are folded on top, after the late ones
         for order in orders if again else placed[len(late) :]:
             cid = order_cid(order)
-            op = work.fold.operations.get(cid) or load_stored(txn.get(block_key(cid)))
+            op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
         # which experience stands for which decides where votes count; one created by this fold had none
         touched = [exp_id for exp_id in records.recent if records.before[exp_id] is not None]
@@ -873,7 +875,7 @@ class Library:
             if order > start:
                 records.txn.put(status_key(cid), _superseded_by_delete().pack())
             else:
-                self._add_head(records, cid, record, load_stored(records.txn.get(block_key(cid))))
+                self._add_head(records, cid, record, load_stored(records.txn.block(cid)))
 
     @staticmethod
     def _keep_counts(records: _Records, exp_ids: list[bytes]) -> None:

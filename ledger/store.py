@@ -3,6 +3,8 @@
 Every key starts with a one-byte table tag. A transaction reads through its own pending writes,
 so the ingest pipeline can build on what it wrote earlier in the same batch; `commit` writes
 everything in one `WriteBatch(sync=True)`, so an acknowledged operation survives kill -9.
+Operation bytes live in append-only files inside the database directory (ledger/blockfile.py);
+the B table holds where: a transaction syncs its blocks before the write that names them.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import plyvel
 
+from ledger.blockfile import BLOCKS_DIR, LOCATOR, BlockFileError, BlockFiles
 from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
 
@@ -27,16 +30,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = b"experience-ledger/store/2"
+FORMAT = b"experience-ledger/store/3"
 #: format 1 keyed the heads by CID alone; opening such a database orders them by clock (format 2)
 FORMAT_HEADS_BY_CID = b"experience-ledger/store/1"
+#: format 2 kept operation bytes in the B table; opening such a database moves them to block files (format 3)
+FORMAT_BLOCKS_IN_TABLE = b"experience-ledger/store/2"
 
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
 # the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
 # T, Y, R, C, G, Q, J, E, Z, I, F and META last_add, buckets_marked.
 META = b"M"  # M name -> value
-BLOCK = b"B"  # B cid -> operation bytes
+BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
 SEQ = b"S"  # S cid -> u64 position in the local log
 LOG = b"L"  # L u64 -> cid
 NODE = b"N"  # N u8 level, u64 index -> hash of a perfect Merkle subtree (level 0: leaf hash)
@@ -73,6 +78,9 @@ GENERATION = META + b"library_generation"  # bumped by every committed change to
 NETWORK = META + b"network"  # the network parameters the directory was created with
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
 BUCKETS_MARKED = META + b"buckets_marked"  # present once every non-empty bucket has its mark (I)
+BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
+#: blocks moved into the block files per synced write while a format 2 database is upgraded
+_UPGRADE_CHUNK = 100_000
 
 
 def u64(value: int) -> bytes:
@@ -300,6 +308,8 @@ class ReadView(Protocol):
 
     def get(self, key: bytes) -> bytes | None: ...
 
+    def block(self, cid: bytes) -> bytes | None: ...
+
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
 
@@ -443,19 +453,28 @@ class Store:
             # new, or created by a start that died before writing anything: nothing to lose
             self._db.put(FORMAT_KEY, FORMAT, sync=True)
         found = self.get(FORMAT_KEY)
-        if found == FORMAT_HEADS_BY_CID:
-            try:
-                self._order_heads_by_clock()
-            except StoreError:
-                self._db.close()
-                raise
-            found = FORMAT
-        if found != FORMAT:
+        if found not in (FORMAT, FORMAT_BLOCKS_IN_TABLE, FORMAT_HEADS_BY_CID):
             self._db.close()
             raise StoreError(
                 "store.format",
                 f"{path}: not an experience-ledger database of this version (format {found!r}, expected {FORMAT!r})",
             )
+        try:
+            if found == FORMAT_HEADS_BY_CID:
+                self._order_heads_by_clock()
+            # bytes past the recorded end (a crash, or an upgrade that was interrupted) are cut away
+            self.blocks = BlockFiles(path / BLOCKS_DIR, self.get(BLOCKS_END))
+            if found != FORMAT:
+                self._move_blocks_to_files()
+        except BlockFileError as exc:
+            self._db.close()
+            raise StoreError(exc.code, exc.message) from None
+        except OSError as exc:
+            self._db.close()
+            raise StoreError("store.write", f"{path}: upgrading the store failed ({exc})") from None
+        except BaseException:
+            self._db.close()
+            raise
         self._links = TableLinks(path)
 
     def _order_heads_by_clock(self) -> None:
@@ -475,10 +494,44 @@ class Store:
                 batch.delete(key)
                 batch.put(head_key(U64.unpack_from(meta)[0], cid), b"")
                 moved += 1
-            batch.put(FORMAT_KEY, FORMAT)
+            batch.put(FORMAT_KEY, FORMAT_BLOCKS_IN_TABLE)
         # the old keys sort before the new ones: until compacted away, every scan of the heads skipped them all
         self._db.compact_range(start=HEAD, stop=prefix_end(HEAD))
         log.info("%s: store format 2: %d heads ordered by clock", self.path, moved)
+
+    def _move_blocks_to_files(self) -> None:
+        """Move format 2's operation bytes from the B table into block files, then record format 3.
+
+        Chunks of blocks are written and synced, and each chunk's locators replace its bytes in one synced
+        write with the files' new end; the format changes with the last. An interrupted upgrade resumes:
+        bytes past the recorded end are cut away at open, and a B value that is not a locator is a block
+        still to move (every block is longer than a locator).
+        """
+        log.info("%s: upgrading the store from format 2 to 3: moving operation bytes into block files", self.path)
+        moved, chunk = 0, []
+        for key, value in self.scan(BLOCK):
+            if len(value) != LOCATOR.size:
+                chunk.append((key, value))
+            if len(chunk) == _UPGRADE_CHUNK:
+                moved += self._move_chunk(chunk, final=False)
+                chunk = []
+                log.info("%s: moved %d operations into block files", self.path, moved)
+        moved += self._move_chunk(chunk, final=True)
+        self._db.compact_range(start=BLOCK, stop=prefix_end(BLOCK))  # the bytes the locators replaced
+        log.info("%s: store format 3: %d operations in block files", self.path, moved)
+
+    def _move_chunk(self, chunk: list[tuple[bytes, bytes]], *, final: bool) -> int:
+        appender = self.blocks.appender()
+        locators = [(key, appender.append(value)) for key, value in chunk]
+        appender.flush()
+        with self._db.write_batch(transaction=True, sync=True) as batch:
+            for key, locator in locators:
+                batch.put(key, locator)
+            batch.put(BLOCKS_END, appender.end)
+            if final:
+                batch.put(FORMAT_KEY, FORMAT)
+        appender.committed()
+        return len(chunk)
 
     def get(self, key: bytes) -> bytes | None:
         if self.key_filter is not None and not self.key_filter.may_hold(key):
@@ -509,6 +562,19 @@ class Store:
         except plyvel.Error as exc:
             raise self._read_error(exc) from None
 
+    def block(self, cid: bytes) -> bytes | None:
+        """The bytes of a stored operation, checked against its CID; None if it is not stored."""
+        locator = self.get(block_key(cid))
+        return None if locator is None else self._read_block(cid, locator)
+
+    def _read_block(self, cid: bytes, locator: bytes) -> bytes:
+        try:
+            return self.blocks.read(cid, locator)
+        except BlockFileError as exc:
+            raise StoreError(exc.code, exc.message) from None
+        except OSError as exc:
+            raise StoreError("store.corrupt", f"{self.path}: reading a block failed ({exc})") from None
+
     def transaction(self) -> Transaction:
         return Transaction(self)
 
@@ -537,6 +603,7 @@ class Store:
         if self.key_filter is not None:
             self.key_filter.close()  # its rebuild thread reads the database
         self._db.close()
+        self.blocks.close()
         self._links.close()
 
 
@@ -552,6 +619,11 @@ class Snapshot:
             return self._snapshot.get(key, verify_checksums=True)
         except plyvel.Error as exc:
             raise self._store._read_error(exc) from None
+
+    def block(self, cid: bytes) -> bytes | None:
+        """The bytes of an operation stored when the snapshot was taken (block files only grow)."""
+        locator = self.get(block_key(cid))
+        return None if locator is None else self._store._read_block(cid, locator)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         try:
@@ -577,11 +649,23 @@ class Transaction:
         self._writes: dict[bytes, bytes | None] = {}
         #: per table tag, the sorted keys written in this transaction (for merged scans)
         self._sorted: dict[int, list[bytes]] = {}
+        self._appender = store.blocks.appender()
+        self._blocks: dict[bytes, bytes] = {}  # the operations this transaction stores, by CID
 
     def get(self, key: bytes) -> bytes | None:
         if key in self._writes:
             return self._writes[key]
         return self._store.get(key)
+
+    def block(self, cid: bytes) -> bytes | None:
+        if cid in self._blocks:
+            return self._blocks[cid]
+        return self._store.block(cid)
+
+    def put_block(self, cid: bytes, data: bytes) -> None:
+        """Store an operation's bytes: into the block files at the commit, and its locator into the B table."""
+        self._blocks[cid] = data
+        self.put(block_key(cid), self._appender.append(data))
 
     def put(self, key: bytes, value: bytes | None) -> None:
         """Write `value` at `key`; None deletes.
@@ -636,6 +720,16 @@ class Transaction:
         return keys[bisect.bisect_left(keys, start or prefix) : bisect.bisect_left(keys, prefix_end(prefix))]
 
     def commit(self) -> None:
+        """Sync the new blocks, then write everything that names them (and the files' new end) in one write."""
+        if self._blocks:
+            try:
+                self._appender.flush()
+            except OSError as exc:
+                raise StoreError("store.write", f"{self._store.path}: writing block files failed ({exc})") from None
+            self.put(BLOCKS_END, self._appender.end)
         self._store._apply(self._writes)  # every key of it is in the key filter since its put
+        if self._blocks:
+            self._appender.committed()
         self._writes = {}
         self._sorted = {}
+        self._blocks = {}

@@ -67,7 +67,7 @@ class LedgerView:
         return self._view.get(block_key(cid.raw)) is not None
 
     def block(self, cid: CID) -> Block | None:
-        data = self._view.get(block_key(cid.raw))
+        data = self._view.block(cid.raw)
         return Block(load_stored(data), data, cid) if data is not None else None
 
     def status(self, cid: CID) -> OpStatus | None:
@@ -199,7 +199,7 @@ class LedgerView:
         found = []
         for position in range(start, end):
             cid = self._view.get(log_key(position))
-            data = self._view.get(block_key(cid)) if cid is not None else None
+            data = self._view.block(cid) if cid is not None else None
             if data is None:
                 raise StoreError("store.corrupt", f"log position {position} names no stored operation")
             found.append(data)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledger.blockfile import BLOCKS_DIR, LOCATOR
 from ledger.errors import LedgerError
 from ledger.ledger import Ledger
 from ledger.store import (
@@ -235,10 +236,19 @@ def test_a_missing_node_key_is_refused(node):
 def test_verify_finds_a_single_damaged_block(node):
     ledger = open_ledger(node)
     victim = BLOCKS[50].cid
-    ledger.store.write({BLOCK + victim.raw: BLOCKS[51].data})
+    segment, offset, length = LOCATOR.unpack(ledger.store.get(BLOCK + victim.raw))
+    ledger.close()
+    path = node / "ledger.db" / BLOCKS_DIR / f"{segment:05d}.blk"
+    data = bytearray(path.read_bytes())
+    data[offset + length // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    ledger = open_ledger(node)
     with pytest.raises(StoreError) as caught:
         ledger.verify()
-    assert str(victim) in caught.value.message
+    assert caught.value.code == "store.corrupt" and str(victim) in caught.value.message
+    assert ledger.view().has(BLOCKS[49].cid) and ledger.view().block(BLOCKS[49].cid) is not None
+    with pytest.raises(StoreError, match="does not match its CID"):
+        ledger.view().block(victim)
     ledger.close()
 
 
