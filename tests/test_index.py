@@ -160,7 +160,7 @@ def test_a_stale_index_is_rebuilt(tmp_path):
     ledger.close()
 
 
-@pytest.mark.parametrize("change", ["fields", "entries"])
+@pytest.mark.parametrize("change", ["fields", "entries", "dead"])
 def test_a_key_map_in_another_format_is_rebuilt(tmp_path, change):
     """A key map whose digest holds but whose fields (or its entries' width) are not this version's."""
     from ledger.index import _digest  # the file format's own checksum, to forge a well-formed file
@@ -172,6 +172,9 @@ def test_a_key_map_in_another_format_is_rebuilt(tmp_path, change):
     index_bytes, stored = (tmp_path / "n" / INDEX_FILE).read_bytes(), (tmp_path / "n" / META_FILE).read_bytes()
     if change == "fields":
         other_format, error = b"\xa1\x61v\x02", "KeyError"  # {"v": 2}
+    elif change == "dead":  # a dead key the graph does not hold
+        meta = codec.unpack(stored[32:])
+        other_format, error = codec.pack({**meta, "dead": (2**40).to_bytes(8, "big")}), "its graph"
     else:
         meta = codec.unpack(stored[32:])
         other_format, error = codec.pack({**meta, "entries": meta["entries"] + b"\x00" * 4}), "ValueError"

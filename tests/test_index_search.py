@@ -7,6 +7,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import ledger.index as index_module
 from ledger.cid import CID
 from ledger.embedder import pack_float16
 from ledger.index import INDEX_FILE, ExperienceIndex
@@ -165,3 +166,38 @@ def test_vectors_of_any_length_are_indexed_by_their_direction(tmp_path):
         found = index.search(np.frombuffer(values, dtype="<f2").astype(np.float32), 1)
         hits += found[0][1] > 0.999
     assert hits / len(distinct) > 0.95
+
+
+def test_dead_nodes_are_never_answered_and_stay_within_a_factor_of_the_live(tmp_path, monkeypatch):
+    """Removed and superseded experiences stay in the graph as dead nodes (usearch's reuse of a removed node's
+    slot made inserts ~2x dearer); searches skip them, a save keeps them, and beyond one dead node per live one
+    the oldest are removed the usearch way."""
+    monkeypatch.setattr(index_module, "_DEAD_SLACK", 0)
+    experiences = _experiences(13, 900)
+    queries = _queries(13, experiences)
+    order = sorted(experiences)
+    index = _index(tmp_path / "hnsw", exact_limit=0)
+    index.update({exp_id: experiences[exp_id] for exp_id in order[:600]}, [])
+    newer = _experiences(14, 150)  # new versions of 150 of them (their old nodes die), and 150 removed
+    superseded = dict(zip(order[:150], newer.values(), strict=True))
+    index.update(superseded, order[150:300])
+    live = {**{exp_id: experiences[exp_id] for exp_id in order[300:600]}, **superseded}
+    assert len(index) == len(live) == 450 and len(index._index) == 600 + 150  # 300 dead
+
+    def check(searched: ExperienceIndex) -> None:
+        for query in queries:
+            answer = searched.search(query, 10)
+            assert len(answer) == 10 and all(exp_id in live for exp_id, _ in answer)
+
+    check(index)
+    index.save()
+    restored = _open(tmp_path / "hnsw", exact_limit=0)
+    assert restored.load(-1) is None and len(restored._index) == 750
+    check(restored)
+    index.update({}, order[300:480])  # 270 live: no more than 270 dead nodes stay
+    live = {exp_id: item for exp_id, item in live.items() if exp_id not in order[300:480]}
+    assert len(index) == 270 and len(index._index) == 2 * 270
+    check(index)
+    index.update({exp_id: experiences[exp_id] for exp_id in order[600:700]}, [])  # into the freed slots
+    live.update({exp_id: experiences[exp_id] for exp_id in order[600:700]})
+    check(index)
