@@ -100,6 +100,7 @@ class KeyFilter:
         self._stop = threading.Event()
         self._count = 0  # keys the bits cover (about: a key written twice, or during a rebuild, may count twice)
         self._built_count = 0
+        self._saved_stamp: Stamp | None = None  # the stamp of the file on disk, when it holds these bits
 
     def open(self, stamp: Stamp, keys: Iterable[bytes]) -> str:
         """Load the saved filter of this `stamp`, or rebuild it from `keys` (every key of `TABLES`, from a snapshot
@@ -172,15 +173,17 @@ class KeyFilter:
         """Write the filter for the database at `stamp` (when the writer is idle: at close).
 
         Not for a ledger small enough to rebuild at open (writing, syncing and hashing 32 MiB would
-        slow every close of a small ledger), nor while a rebuild runs (the next start rebuilds).
+        slow every close of a small ledger), nor while a rebuild runs (the next start rebuilds), nor when
+        the file already holds this stamp's bits (a start and stop with nothing written).
         """
         if self._built is not None:
             self._adopt()
-        if not self._ready or self._count < _BUILD_CHUNK:
+        if not self._ready or self._count < _BUILD_CHUNK or stamp == self._saved_stamp:
             return
         owner = self._owner.encode()
         body = _HEADER.pack(_MAGIC, *stamp, self._count, len(owner)) + owner + self._bits.tobytes()
         write_file_atomically(self._path, hashlib.sha256(body).digest() + body)
+        self._saved_stamp = stamp
 
     def _load(self, stamp: Stamp) -> str | None:
         try:
@@ -203,7 +206,7 @@ class KeyFilter:
                 f"the ledger is at {stamp[0]} and {stamp[1]})"
             )
         self._bits[:] = np.frombuffer(bits, dtype=np.uint8)
-        self._ready, self._count = True, count
+        self._ready, self._count, self._saved_stamp = True, count, stamp
         return None
 
     def close(self) -> None:

@@ -105,6 +105,28 @@ def test_index_equals_live_experiences_through_rebuilds_restarts_and_lost_files(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "an index update failed and was rebuilt"
 
 
+def test_an_index_already_on_disk_is_not_written_again(tmp_path) -> None:
+    """Closing after a start with nothing new leaves the files alone (at 1M operations writing them took ~1 s);
+    a change writes them, and they load."""
+    path = tmp_path / "node"
+    ledger = open_ledger(path)
+    ledger.ingest([f.add(text, f.author(n)).data for n, text in enumerate(f.SEED_TEXTS[:3])])
+    ledger.close()
+    written = {name: (path / name).stat().st_ino for name in (INDEX_FILE, META_FILE)}
+    ledger = open_ledger(path)
+    assert ledger.index_status == "loaded"
+    ledger.close()
+    assert {name: (path / name).stat().st_ino for name in written} == written  # saves rename new files in
+    ledger = open_ledger(path)
+    ledger.ingest([f.add(f.SEED_TEXTS[3], f.author(9)).data])
+    live = _live(ledger)
+    ledger.close()
+    assert all((path / name).stat().st_ino != inode for name, inode in written.items())
+    ledger = open_ledger(path)
+    assert ledger.index_status == "loaded" and set(ledger.indexed()) == live
+    ledger.close()
+
+
 def _merge_and_late_delete() -> tuple:
     a, b = f.add(f.SEED_TEXTS[0], f.author(1)), f.add(f.SEED_TEXTS[1], f.author(2))
     targets = tuple(sorted((a.cid, b.cid)))

@@ -108,6 +108,25 @@ def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Pat
     assert all(rebuilt.may_hold(key) for key in stored)
 
 
+def test_a_filter_already_on_disk_is_not_written_again(tmp_path: Path, monkeypatch) -> None:
+    """A start and stop with nothing written leaves the file alone; a new stamp writes it."""
+    monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)
+    stored = [table + b"\x00\x07" + bytes([n]) for table in TABLES for n in range(6)]
+    first = KeyFilter(tmp_path, "did:key:me")
+    first.open((5, 9), iter(stored))
+    assert first.wait_ready(30)
+    first.save((5, 9))
+    written = (tmp_path / FILTER_FILE).stat()
+    again = KeyFilter(tmp_path, "did:key:me")
+    assert again.open((5, 9), iter(stored)) == "loaded"
+    again.save((5, 9))
+    assert (tmp_path / FILTER_FILE).stat().st_ino == written.st_ino  # written files are renamed into place
+    again.add(BLOCK + b"\x00\x08")
+    again.save((5, 10))
+    assert (tmp_path / FILTER_FILE).stat().st_ino != written.st_ino
+    assert KeyFilter(tmp_path, "did:key:me").open((5, 10), iter(stored)) == "loaded"
+
+
 def test_a_file_of_another_format_whose_digest_matches_is_not_trusted(tmp_path: Path) -> None:
     """Another magic with bits of the right size, or this magic with bits of another size."""
     owner = b"did:key:me"
