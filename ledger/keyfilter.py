@@ -2,7 +2,7 @@
 
 Per operation the writer asks LevelDB for ~2.7 keys that are not there: the block of a new
 operation (is it stored?), an author's vote on an experience (`Y`, `R`), a new add's experience
-record (`X`) and absorption (`E`), and per add its 32 near-duplicate bucket marks (`I`, §7.6). Each
+record (`X`) and absorption (`E`). Each
 such get consults a table file on every level of the database, and LevelDB charges those reads to
 the first file, which it compacts when its allowance of seeks runs out: at a million operations
 the absent gets cost about a quarter of the compaction thread's CPU (windows of 60,000 operations
@@ -14,6 +14,11 @@ verdict stays exact (a "maybe" still reads LevelDB). A key's bits are set before
 holds it (by `Transaction.put`, or `Store.write`), so no reader, on any thread, is told a committed
 key is absent. 2^28 bits (32 MiB), 3 positions from a BLAKE2b digest of the key: with the 10 million
 keys of a million operations of the workload ~0.12% of absent keys still cost a get.
+
+It also holds the mark of every non-empty near-duplicate bucket (`I` band key, §7.6), which no table
+stores: a new add looks up its 32 marks, and reads only the buckets that may hold an add (all of
+them while the filter is being rebuilt). In a table the marks were a quarter of the database's
+entries at a million operations, and 31 writes per add.
 
 It is derived state, like the vector index: saved beside the database at close with a stamp (the
 library generation and the log size: every write to these tables changes one of them), the
@@ -35,7 +40,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ledger.store import ABSORBS, BLOCK, BUCKET_MARK, COUNTED, EXPERIENCE, VOTES, write_file_atomically
+from ledger.neardup import BAND_KEY_SIZE
+from ledger.store import (
+    ABSORBS,
+    BLOCK,
+    BUCKET,
+    BUCKET_MARK,
+    COUNTED,
+    EXPERIENCE,
+    VOTES,
+    Snapshot,
+    bucket_mark_key,
+    write_file_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +60,9 @@ FILTER_FILE = "keys.filter"
 #: the file of the filter this one replaced (bucket marks only); removed at open
 OLD_FILTER_FILE = "buckets.filter"
 #: the tables the filter covers (see above); a get of a key of any other table goes to LevelDB
-TABLES = (BLOCK, VOTES, COUNTED, EXPERIENCE, ABSORBS, BUCKET_MARK)
+STORED_TABLES = (BLOCK, VOTES, COUNTED, EXPERIENCE, ABSORBS)
+#: the keys the filter holds: those of its tables, and bucket marks (kept in the filter alone)
+TABLES = (*STORED_TABLES, BUCKET_MARK)
 _TAGS = frozenset(table[0] for table in TABLES)
 BITS_LOG2 = 28
 _SHIFT = 32 - BITS_LOG2
@@ -63,13 +82,37 @@ def _digest(key: bytes) -> bytes:
     return hashlib.blake2b(key, digest_size=_DIGEST.size).digest()
 
 
+def _positions(keys: Sequence[bytes]) -> np.ndarray:
+    """Each key's bit positions, one row per key."""
+    words = np.frombuffer(b"".join(map(_digest, keys)), dtype=">u4").astype(np.uint32)
+    return (words >> np.uint32(_SHIFT)).reshape(len(keys), _POSITIONS)
+
+
 def _set_all(bits: np.ndarray, keys: Sequence[bytes]) -> None:
     """Set the positions of many keys at once (a rebuild: ~10 million keys at a million operations)."""
-    if not keys:
-        return
-    words = np.frombuffer(b"".join(map(_digest, keys)), dtype=">u4").astype(np.uint32)
-    positions = words >> np.uint32(_SHIFT)
+    if keys:
+        _set(bits, _positions(keys))
+
+
+def _set(bits: np.ndarray, positions: np.ndarray) -> None:
     np.bitwise_or.at(bits, positions >> np.uint32(3), (np.uint8(1) << (positions & np.uint32(7)).astype(np.uint8)))
+
+
+def _all_set(bits: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Per row of positions, whether every one of its bits is set."""
+    return (((bits[positions >> np.uint32(3)] >> (positions & np.uint32(7)).astype(np.uint8)) & 1) == 1).all(axis=1)
+
+
+def covered_keys(snapshot: Snapshot) -> Iterator[bytes]:
+    """Every key the filter holds, from a snapshot: the keys of its tables, and a mark per non-empty bucket."""
+    for table in STORED_TABLES:
+        yield from snapshot.keys(table)
+    previous = None
+    for key in snapshot.keys(BUCKET):
+        mark = bucket_mark_key(key[1 : 1 + BAND_KEY_SIZE])
+        if mark != previous:  # a bucket's entries are adjacent
+            yield mark
+            previous = mark
 
 
 def _chunks(keys: Iterable[bytes]) -> Iterator[list[bytes]]:
@@ -153,6 +196,22 @@ class KeyFilter:
             if not bits[position >> 3] & (1 << (position & 7)):
                 return False
         return True
+
+    def may_hold_all(self, keys: Sequence[bytes]) -> list[bool]:
+        """`may_hold` for many keys of covered tables at once: a new add's 32 bucket marks."""
+        if not self._ready:
+            return [True] * len(keys)
+        return _all_set(self._bits, _positions(keys)).tolist()
+
+    def add_all(self, keys: Sequence[bytes]) -> None:
+        """`add` for many keys of covered tables at once."""
+        if self._built is not None:
+            self._adopt()
+        if not keys:
+            return
+        positions = _positions(keys)
+        self._count += int((~_all_set(self._bits, positions)).sum())
+        _set(self._bits, positions)
 
     def add(self, key: bytes) -> None:
         """Record that `key` is about to be stored (before its write: a write that fails leaves harmless bits)."""

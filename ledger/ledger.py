@@ -35,8 +35,7 @@ from ledger.ingest import (
     settle_signatures,
     triage,
 )
-from ledger.keyfilter import TABLES as FILTERED_TABLES
-from ledger.keyfilter import KeyFilter
+from ledger.keyfilter import KeyFilter, covered_keys
 from ledger.keys import AuthorKey
 from ledger.library import Fold, Library
 from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
@@ -96,7 +95,7 @@ class Ledger:
         self.key_filter = KeyFilter(data_dir, node_key.did)
         store.key_filter = self.key_filter  # from here on every stored key of its tables sets its bits
         self.library = Library(params)
-        self.library.mark_buckets(store)
+        self.library.drop_bucket_marks(store)
         self._write_lock = threading.Lock()
         #: operations folded again because a late one sorted before them, since start-up
         self.refolded = 0
@@ -134,9 +133,7 @@ class Ledger:
         keys = self._snapshot  # a rebuild thread reads the keys as they are now; the writer adds its own
         #: "loaded", or why the saved key filter could not be used and is being rebuilt (on a thread, which
         #: `Store.close` stops before the database closes)
-        self.key_filter_status = self.key_filter.open(
-            self._filter_stamp(), (key for table in FILTERED_TABLES for key in keys.keys(table))
-        )
+        self.key_filter_status = self.key_filter.open(self._filter_stamp(), covered_keys(keys))
 
     @classmethod
     def open(cls, data_dir: Path, params: NetworkParams | None = None, embedder: Embedder | None = None) -> Ledger:

@@ -18,6 +18,7 @@ no per-experience state in memory.
 from __future__ import annotations
 
 import bisect
+import logging
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from typing import NamedTuple
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.neardup import BAND_KEY_SIZE, band_keys_of_many, exact_cosine_exceeds
+from ledger.neardup import band_keys_of_many, exact_cosine_exceeds
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.priority import NEVER
@@ -90,6 +91,8 @@ from ledger.store import (
     votes_prefix,
 )
 
+log = logging.getLogger(__name__)
+
 _KINDS = list(Kind)
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 _KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
@@ -98,6 +101,8 @@ _META_HEAD = struct.Struct(">QBBB")
 #: are plain tuples the garbage collector does not track, so the limit bounds memory only (a cache of
 #: objects was once unbounded, and full collections, which visit every tracked object, grew with it)
 _META_CACHE_LIMIT = 20_000
+#: bucket marks deleted per write when a data directory that stored them is opened
+_DROP_CHUNK = 100_000
 #: blocks of operations carrying content, cached (cleared when full) as bytes, which the garbage collector does
 #: not track: a retrieval reads ~13 of them, and each LevelDB get lets the GIL go, for a query under ingest a
 #: wait of up to the switch interval to get it back
@@ -106,7 +111,7 @@ _CONTENT_CACHE_LIMIT = 4096
 _PlainMeta = tuple[int, int, tuple[bytes, ...], tuple[bytes, ...]]
 #: the tables the fold writes; a rebuild clears them
 TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP,
-          COMPONENT_SIZE, ABSORBS, BUCKET, BUCKET_MARK, VECTOR)  # fmt: skip
+          COMPONENT_SIZE, ABSORBS, BUCKET, VECTOR)  # fmt: skip
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
 _REWORDABLE = frozenset({"merge.concurrent_delete", "merge.concurrent_modify", "merge.target_deleted"})
@@ -448,15 +453,24 @@ class Library:
     # --- writing (the writer only) -------------------------------------------------------------
 
     @staticmethod
-    def mark_buckets(store: Store) -> None:
-        """Give every non-empty hash bucket its mark, once: a data directory written before marks existed."""
-        if store.get(BUCKETS_MARKED) is not None:
+    def drop_bucket_marks(store: Store) -> None:
+        """Delete the bucket marks a data directory written before they moved into the key filter holds (I).
+
+        Deleted in chunks from one iterator (its snapshot does not see the deletions), then compacted away:
+        until then every open would seek over their tombstones. An interrupted drop goes on at the next open.
+        """
+        dropped, chunk = 0, {}
+        for key, _ in store.scan(BUCKET_MARK):
+            chunk[key] = None
+            if len(chunk) == _DROP_CHUNK:
+                store.write(chunk)
+                dropped, chunk = dropped + len(chunk), {}
+                log.info("%s: dropped %d bucket marks from the database", store.path, dropped)
+        if not dropped and not chunk and store.get(BUCKETS_MARKED) is None:
             return
-        marks: dict[bytes, bytes | None] = {
-            bucket_mark_key(key[1 : 1 + BAND_KEY_SIZE]): b"" for key, _ in store.scan(BUCKET)
-        }
-        marks[BUCKETS_MARKED] = b""
-        store.write(marks)
+        store.write({**chunk, BUCKETS_MARKED: None})
+        store.compact(BUCKET_MARK)
+        log.info("%s: dropped %d bucket marks: the key filter holds them", store.path, dropped + len(chunk))
 
     def clear(self, txn: Transaction, view: ReadView) -> None:
         """Delete every table the fold writes (a rebuild folds everything again from nothing)."""
@@ -557,10 +571,10 @@ class Library:
 
         Buckets are kept in fold order, so finding the earliest earlier one stops at the first that
         passes the exact test: a new add costs the same in a library of any size (a late one also
-        tests the later adds of its buckets, which it may now absorb). Most buckets are empty: a
-        mark per bucket says so with one get, which LevelDB's bloom filters answer without reading
-        a block, where opening an iterator seeks every level of the database (80% of the writer's
-        scans; their cost grew with the database); the store's key filter answers most of those gets.
+        tests the later adds of its buckets, which it may now absorb). Most buckets are empty: the
+        key filter holds a mark per non-empty bucket and answers for all 32 at once, where opening an
+        iterator seeks every level of the database (80% of the writer's scans; their cost grew with
+        the database). A bucket it may hold (all of them while it is rebuilt) is read.
         """
         threshold = self._threshold
         verdicts: dict[bytes, bool] = {}
@@ -577,11 +591,12 @@ class Library:
         late = last is not None and last > order  # some add sorts after this one: it may absorb them
         if not late:
             txn.put(LAST_ADD, order)
-        for band in bands:
+        marks = [bucket_mark_key(band) for band in bands]
+        maybe_used = txn.may_hold_marks(marks)
+        txn.mark(marks)
+        for band, used in zip(bands, maybe_used, strict=True):
             txn.put(bucket_key(band, order), b"")
-            # an empty bucket (most are): nothing to test; the store's key filter knows most without LevelDB
-            if txn.get(bucket_mark_key(band)) is None:
-                txn.put(bucket_mark_key(band), b"")
+            if not used:  # an empty bucket (most are): nothing to test
                 continue
             prefix = bucket_prefix(band)
             for key, _ in txn.scan(prefix):

@@ -62,7 +62,7 @@ MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
 ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earlier near-duplicate sharing a band, §7.6)
 BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds, in fold order)
-BUCKET_MARK = b"I"  # I band number, band hash -> "" (the bucket holds an add: a bloom-filtered get, not a scan)
+BUCKET_MARK = b"I"  # I band number, band hash: the bucket holds an add (a key of the key filter alone, in no table)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
 
@@ -77,7 +77,7 @@ STATE_ROOT = META + b"state_root"
 GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 NETWORK = META + b"network"  # the network parameters the directory was created with
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
-BUCKETS_MARKED = META + b"buckets_marked"  # present once every non-empty bucket has its mark (I)
+BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it existed; dropped with it
 BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
 #: blocks moved into the block files per synced write while a format 2 database is upgraded
 _UPGRADE_CHUNK = 100_000
@@ -496,7 +496,7 @@ class Store:
                 moved += 1
             batch.put(FORMAT_KEY, FORMAT_BLOCKS_IN_TABLE)
         # the old keys sort before the new ones: until compacted away, every scan of the heads skipped them all
-        self._db.compact_range(start=HEAD, stop=prefix_end(HEAD))
+        self.compact(HEAD)
         log.info("%s: store format 2: %d heads ordered by clock", self.path, moved)
 
     def _move_blocks_to_files(self) -> None:
@@ -517,7 +517,7 @@ class Store:
                 chunk = []
                 log.info("%s: moved %d operations into block files", self.path, moved)
         moved += self._move_chunk(chunk, final=True)
-        self._db.compact_range(start=BLOCK, stop=prefix_end(BLOCK))  # the bytes the locators replaced
+        self.compact(BLOCK)  # the bytes the locators replaced
         log.info("%s: store format 3: %d operations in block files", self.path, moved)
 
     def _move_chunk(self, chunk: list[tuple[bytes, bytes]], *, final: bool) -> int:
@@ -577,6 +577,10 @@ class Store:
 
     def transaction(self) -> Transaction:
         return Transaction(self)
+
+    def compact(self, table: bytes) -> None:
+        """Compact one table's key range: keys deleted in bulk stop costing every read that seeks over them."""
+        self._db.compact_range(start=table, stop=prefix_end(table))
 
     def snapshot(self) -> Snapshot:
         """A consistent, read-only view of everything committed so far; safe to read from any thread."""
@@ -682,6 +686,16 @@ class Transaction:
 
     def delete(self, key: bytes) -> None:
         self.put(key, None)
+
+    def may_hold_marks(self, marks: list[bytes]) -> list[bool]:
+        """Whether each key, kept in the key filter alone (bucket marks), may have been marked; False is sure."""
+        key_filter = self._store.key_filter
+        return [True] * len(marks) if key_filter is None else key_filter.may_hold_all(marks)
+
+    def mark(self, marks: list[bytes]) -> None:
+        """Set keys kept in the key filter alone (its bits are set now; a commit that fails leaves harmless bits)."""
+        if self._store.key_filter is not None:
+            self._store.key_filter.add_all(marks)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Like Store.scan, with this transaction's writes merged in (scannable tables only)."""

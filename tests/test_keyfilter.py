@@ -5,6 +5,7 @@ its state."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import shutil
 import struct
 import threading
@@ -17,8 +18,9 @@ from hypothesis import strategies as st
 from ledger.ingest import Verdict
 from ledger.keyfilter import _BUILD_CHUNK, FILTER_FILE, OLD_FILTER_FILE, TABLES, KeyFilter
 from ledger.ledger import Ledger
+from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
-from ledger.store import BLOCK, LOG, VOTES
+from ledger.store import BLOCK, BUCKET, BUCKET_MARK, BUCKETS_MARKED, LOG, VOTES, bucket_mark_key
 from tests import factories
 
 keys = st.builds(lambda table, rest: table + rest, st.sampled_from(TABLES), st.binary(max_size=80))
@@ -41,6 +43,20 @@ def test_no_false_absent_and_a_rebuild_sets_the_same_bits(tmp_path_factory, adde
     rebuilt = _ready_filter(directory, added + stored)
     assert all(incremental.may_hold(key) and rebuilt.may_hold(key) for key in added + stored)
     assert (rebuilt._bits == incremental._bits).all()  # the vectorized rebuild places bits as `add` does
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(keys, max_size=100, unique=True), st.lists(keys, min_size=1, max_size=60))
+def test_many_keys_at_once_are_answered_and_added_as_one_by_one(tmp_path_factory, added, asked) -> None:
+    """`may_hold_all` and `add_all` (a new add's 32 bucket marks) agree with `may_hold` and `add`."""
+    directory = tmp_path_factory.mktemp("f")
+    singly, together = _ready_filter(directory), _ready_filter(directory)
+    for key in added:
+        singly.add(key)
+    together.add_all(added)
+    assert (together._bits == singly._bits).all() and together._count == singly._count
+    assert together.may_hold_all(asked) == [singly.may_hold(key) for key in asked]
+    assert KeyFilter(directory, "did:key:z").may_hold_all(asked) == [True] * len(asked)  # not ready: all maybe
 
 
 def test_mostly_absent_answers_for_keys_never_stored(tmp_path: Path) -> None:
@@ -213,4 +229,26 @@ def test_near_duplicates_are_found_with_a_stale_or_missing_filter(tmp_path: Path
     _ingest(reference, first_a, first_b, duplicate_b, duplicate_a)
     assert ledger.view().state_root() == reference.view().state_root()
     reference.close()
+    ledger.close()
+
+
+def test_bucket_marks_a_directory_stored_are_dropped_and_still_answer(tmp_path: Path, monkeypatch, caplog) -> None:
+    """A directory from before the marks moved into the filter stored them in table I: they are deleted at open,
+    in chunks, and the near-duplicates of its adds are still found."""
+    monkeypatch.setattr("ledger.library._DROP_CHUNK", 3)
+    params, path = factories.PARAMS, tmp_path / "node"
+    pair = first, duplicate = _near_duplicate_pair(0)
+    ledger = Ledger.open(path, params)
+    _ingest(ledger, first, factories.add(factories.SEED_TEXTS[1], factories.author(3)))
+    root = ledger.view().state_root()
+    bands = [key[1 : 1 + BAND_KEY_SIZE] for key, _ in ledger.store.scan(BUCKET)]
+    ledger.store.write({**{bucket_mark_key(band): b"" for band in bands}, BUCKETS_MARKED: b""})  # as it was then
+    ledger.close()
+    caplog.set_level(logging.INFO, logger="ledger.library")
+    ledger = Ledger.open(path, params)
+    assert next(ledger.store.scan(BUCKET_MARK), None) is None and ledger.store.get(BUCKETS_MARKED) is None
+    assert f"dropped {len(bands)} bucket marks" in caplog.text
+    assert ledger.view().state_root() == root
+    _ingest(ledger, duplicate)
+    assert _merged(ledger, pair)
     ledger.close()
