@@ -22,8 +22,9 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 merge is undone if nothing but votes acted on it since, else the component is folded
                 again), then another once the merge is void (its verdict is reworded); medians of 3, what
                 one peer can make a node spend
-  stalls        the longest ingest batch against the median one, and the longest query of a thread
-                that retrieves once every 50 ms while ingest runs, against its median
+  stalls        the longest ingest batch against the median one (and the writer's CPU in it: the rest
+                is waiting), and the longest query of a thread that retrieves once every 50 ms while
+                ingest runs, against its median
   memory        the process's resident set at each checkpoint (the generator keeps little)
   duplicates    the first operations submitted again: ignored before decoding or checking a
                 signature; their cost per operation as a share of a new one's (target < 0.1)
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     validate_before = _validate_rate(sample, params)
 
     tenth = max(1, args.ops // 10)
-    tenths, batch_times, marks = [], [], []
+    tenths, batch_times, batch_cpus, marks = [], [], [], []
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
@@ -312,10 +313,11 @@ def main(argv: list[str] | None = None) -> int:
             batch = list(itertools.islice(stream, min(args.batch, args.ops - done)))
             start, start_cpu = time.perf_counter(), time.thread_time()
             receipts = ledger.ingest(batch)
-            elapsed = time.perf_counter() - start
-            writer_cpu += time.thread_time() - start_cpu
+            elapsed, batch_cpu = time.perf_counter() - start, time.thread_time() - start_cpu
+            writer_cpu += batch_cpu
             assert all(r.verdict is Verdict.ACCEPTED for r in receipts), receipts[0]
             batch_times.append(elapsed)
+            batch_cpus.append(batch_cpu)
             ingest_seconds += elapsed
             done += len(batch)
             if done // tenth > len(tenths) and len(tenths) < 10:
@@ -403,7 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
             print(f"  {'':16} a delete that voids a merge {voided:,.1f} ms, another once it is void {again:,.1f} ms")
     median_batch = statistics.median(batch_times)
-    print(f"  longest ingest batch     {max(batch_times) * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms)")
+    longest = max(range(len(batch_times)), key=batch_times.__getitem__)
+    print(
+        f"  longest ingest batch     {batch_times[longest] * 1000:>9,.0f} ms   (median {median_batch * 1000:,.0f} ms; "
+        f"the writer's CPU in it {batch_cpus[longest] * 1000:,.0f} ms, after {longest * args.batch:,} operations)"
+    )
     if querier.latencies:
         lat = sorted(querier.latencies)
         print(
