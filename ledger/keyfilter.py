@@ -146,8 +146,8 @@ class KeyFilter:
         self._saved_stamp: Stamp | None = None  # the stamp of the file on disk, when it holds these bits
 
     def open(self, stamp: Stamp, keys: Iterable[bytes]) -> str:
-        """Load the saved filter of this `stamp`, or rebuild it from `keys` (every key of `TABLES`, from a snapshot
-        taken by the caller after it attached the filter to the store); returns "loaded" or why it was rebuilt.
+        """Load the saved filter of this `stamp`, or rebuild it from `keys` (`covered_keys` of a snapshot taken
+        by the caller after it attached the filter to the store); returns "loaded" or why it was rebuilt.
         Fewer than `_BUILD_CHUNK` keys are rebuilt at once, more on a background thread."""
         self._old_path.unlink(missing_ok=True)
         why = self._load(stamp)
