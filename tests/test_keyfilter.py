@@ -241,7 +241,7 @@ def test_bucket_marks_a_directory_stored_are_dropped_and_still_answer(tmp_path: 
     ledger = Ledger.open(path, params)
     _ingest(ledger, first, factories.add(factories.SEED_TEXTS[1], factories.author(3)))
     root = ledger.view().state_root()
-    bands = [key[1 : 1 + BAND_KEY_SIZE] for key, _ in ledger.store.scan(BUCKET)]
+    bands = {key[1 : 1 + BAND_KEY_SIZE] for key, _ in ledger.store.scan(BUCKET)}
     ledger.store.write({**{bucket_mark_key(band): b"" for band in bands}, BUCKETS_MARKED: b""})  # as it was then
     ledger.close()
     caplog.set_level(logging.INFO, logger="ledger.library")
