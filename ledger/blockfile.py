@@ -178,7 +178,7 @@ class Appender:
         """The database now records this transaction's end: later appenders start there."""
         if self._files._end != self._start:
             raise RuntimeError("block files: another transaction committed since this one began")
-        self._files._end = (self._segment, self._offset)
+        self._files._end = self._start = (self._segment, self._offset)
         self._pending = []
 
 

@@ -127,10 +127,9 @@ class ExperienceIndex:
         self._exact_rows = _EXACT_KEPT * exact_limit  # the most exact rows kept (room for them is reserved)
         self._clear()
         self.generation = -1
-        self._saved_generation: int | None = None  # the generation of the files on disk, while they hold this index
 
     def _clear(self) -> None:
-        self._saved_generation = None
+        self._saved_generation: int | None = None  # the generation of the files on disk, while they hold this index
         self._index = hnsw(self._dim)
         self._dead: deque[int] = deque()  # keys in the graph whose experience is no longer indexed, oldest first
         self._ids: dict[int, bytes] = {}
