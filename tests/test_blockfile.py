@@ -108,13 +108,19 @@ def _as_format_2(node):
         path.write_bytes(b"stray bytes of an upgrade that never recorded its end")
 
 
-def test_a_format_2_directory_moves_its_blocks_into_files_once(tmp_path, monkeypatch):
+def _format_2_node(tmp_path):
+    """A node holding `BLOCKS`, rewritten as format 2; returns its directory and its library snapshot."""
     node = tmp_path / "node"
     ledger = open_ledger(node)
     ledger.ingest([b.data for b in BLOCKS])
     snapshot = ledger.view().snapshot()
     ledger.close()
     _as_format_2(node)
+    return node, snapshot
+
+
+def test_a_format_2_directory_moves_its_blocks_into_files_once(tmp_path, monkeypatch):
+    node, snapshot = _format_2_node(tmp_path)
     monkeypatch.setattr(store_module, "_UPGRADE_CHUNK", 25)  # several synced chunks
     assert _everything_readable(node, BLOCKS) == snapshot
     db = plyvel.DB(str(node / "ledger.db"))
@@ -126,12 +132,7 @@ def test_a_format_2_directory_moves_its_blocks_into_files_once(tmp_path, monkeyp
 
 def test_an_interrupted_upgrade_resumes(tmp_path, monkeypatch):
     """A crash between two chunks of the upgrade: the chunks moved stay moved, the rest move at the next start."""
-    node = tmp_path / "node"
-    ledger = open_ledger(node)
-    ledger.ingest([b.data for b in BLOCKS])
-    snapshot = ledger.view().snapshot()
-    ledger.close()
-    _as_format_2(node)
+    node, snapshot = _format_2_node(tmp_path)
     monkeypatch.setattr(store_module, "_UPGRADE_CHUNK", 30)
     chunks = []
     original = store_module.Store._move_chunk

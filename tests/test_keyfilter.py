@@ -97,13 +97,19 @@ def test_a_small_ledger_saves_no_filter_and_the_old_bucket_filter_is_removed(tmp
     assert not (tmp_path / FILTER_FILE).exists() and not (tmp_path / OLD_FILTER_FILE).exists()
 
 
-def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Path, monkeypatch) -> None:
+def _saved_filter(directory: Path, monkeypatch) -> list[bytes]:
+    """Save a filter of a few keys of every table at stamp (5, 9), as a large ledger's; returns the keys."""
     monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)  # these few keys count as a large ledger
     stored = [table + b"\x00\x07" + bytes([n]) for table in TABLES for n in range(6)]
-    saved = KeyFilter(tmp_path, "did:key:me")
+    saved = KeyFilter(directory, "did:key:me")
     saved.open((5, 9), iter(stored))
     assert saved.wait_ready(30)
     saved.save((5, 9))
+    return stored
+
+
+def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Path, monkeypatch) -> None:
+    stored = _saved_filter(tmp_path, monkeypatch)
     original = (tmp_path / FILTER_FILE).read_bytes()
 
     def reopened(stamp: tuple[int, int] = (5, 9), owner: str = "did:key:me") -> tuple[str, KeyFilter]:
@@ -126,12 +132,7 @@ def test_saved_filter_is_used_only_when_it_is_exactly_this_ledgers(tmp_path: Pat
 
 def test_a_filter_already_on_disk_is_not_written_again(tmp_path: Path, monkeypatch) -> None:
     """A start and stop with nothing written leaves the file alone; a new stamp writes it."""
-    monkeypatch.setattr("ledger.keyfilter._BUILD_CHUNK", 4)
-    stored = [table + b"\x00\x07" + bytes([n]) for table in TABLES for n in range(6)]
-    first = KeyFilter(tmp_path, "did:key:me")
-    first.open((5, 9), iter(stored))
-    assert first.wait_ready(30)
-    first.save((5, 9))
+    stored = _saved_filter(tmp_path, monkeypatch)
     written = (tmp_path / FILTER_FILE).stat()
     again = KeyFilter(tmp_path, "did:key:me")
     assert again.open((5, 9), iter(stored)) == "loaded"
