@@ -512,8 +512,7 @@ def register_network(rpc: Dispatcher, network: P2PNode) -> None:
 
     @rpc.method("peers")
     async def peers() -> dict[str, Any]:
-        listed = sorted(network.peers.values(), key=lambda p: (p.connected_since is None, str(p.id)))
-        return {"self": network.describe(), "peers": [peer.to_json() for peer in listed]}
+        return {"self": network.describe(), "peers": network.records()}
 
     @rpc.method("peers.connect")
     async def peers_connect(addr: Any) -> dict[str, Any]:
@@ -536,7 +535,7 @@ def register_network(rpc: Dispatcher, network: P2PNode) -> None:
     async def peers_disconnect(peer_id: Any) -> dict[str, Any]:
         text = _text(peer_id, "peer_id", 100)
         match = next((p for p in network.peers.values() if str(p.id) == text), None)
-        if match is None or match.connected_since is None:
+        if match is None or not network.is_connected(match.id):
             raise RpcError(NOT_FOUND, f"peer_id: not connected to {text}", {"code": "p2p.unknown_peer"})
         await network.disconnect(match.id)
         return {"peer_id": text, "connected": False}

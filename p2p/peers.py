@@ -113,12 +113,15 @@ class Peer:
         self.sync_state = f"failed: {code}"
         self.next_sync = time.monotonic() + min(SYNC_BACKOFF_MAX, 2.0**self.sync_failures)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, connected: bool) -> dict[str, Any]:
+        """`connected`: whether the swarm holds a connection to it now. The swarm drops a closed connection from
+        its table ~0.1 s before it notifies the close (py-libp2p 0.8.1 resets the streams and sleeps in between),
+        so `connected_since` alone showed a banned peer connected while the status counted it gone."""
         return {
             "peer_id": str(self.id),
             "addrs": self.addrs,
-            "connected": self.connected_since is not None,
-            "connected_since": self.connected_since,
+            "connected": connected,
+            "connected_since": self.connected_since if connected else None,
             "node": self.node,
             "operations_received": self.ops_received,
             "gossip_messages": self.gossip_messages,

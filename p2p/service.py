@@ -199,6 +199,16 @@ class P2PNode:
     def connected(self) -> list[Peer]:
         return [self.peer(peer_id) for peer_id in self.host.get_connected_peers()]
 
+    def records(self) -> list[dict[str, Any]]:
+        """Every peer this node knows of, connected ones first, as the `peers` method shows them: connected means
+        the swarm holds a connection now, as in `sync_status`, so the two never disagree."""
+        connected = set(self.host.get_connected_peers())
+        listed = sorted(self.peers.values(), key=lambda peer: (peer.id not in connected, str(peer.id)))
+        return [peer.to_json(peer.id in connected) for peer in listed]
+
+    def is_connected(self, peer_id: ID) -> bool:
+        return peer_id in self.host.get_connected_peers()
+
     # --- the node's side ------------------------------------------------------------------------------
 
     def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:

@@ -204,14 +204,10 @@ def test_a_rogue_peer_neither_crashes_nor_corrupts_a_node_and_is_banned(tmp_path
             # each other, and nobody else (a banned identity that redials is connected for an instant, then closed)
             wait_until(lambda node=node: node.call("status")["p2p"]["sync"]["peers"] == 1, "only A and B connected")
         rogue_ids = (first_id, second_id, third_id)
-
-        def records_once_no_rogue_is_connected() -> dict[str, dict[str, Any]] | None:
-            """A's peer records, once they show every rogue identity gone: a single look once found one still
-            connected just after sync counted B alone (a banned identity is connected for an instant)."""
-            records = {p["peer_id"]: p for p in a.call("peers")["peers"]}
-            return None if any(records[rogue_id]["connected"] for rogue_id in rogue_ids) else records
-
-        peers_a = wait_until(records_once_no_rogue_is_connected, "no rogue identity connected to A")
+        # one look: the records and the count above both come from the swarm's connection table (the records once
+        # came from its close notification, ~0.1 s late, and a look just after the count found a rogue connected)
+        peers_a = {p["peer_id"]: p for p in a.call("peers")["peers"]}
+        assert not any(peers_a[rogue_id]["connected"] for rogue_id in rogue_ids), [peers_a[r] for r in rogue_ids]
         for rogue_id, invalid in zip(rogue_ids, (5, 3, 5), strict=True):
             record = peers_a[rogue_id]
             assert record["invalid"] >= invalid and record["score"] <= -50, record
