@@ -197,21 +197,19 @@ class KeyFilter:
                 return False
         return True
 
-    def may_hold_all(self, keys: Sequence[bytes]) -> list[bool]:
-        """`may_hold` for many keys of covered tables at once: a new add's 32 bucket marks."""
-        if not self._ready:
-            return [True] * len(keys)
-        return _all_set(self._bits, _positions(keys)).tolist()
-
-    def add_all(self, keys: Sequence[bytes]) -> None:
-        """`add` for many keys of covered tables at once."""
+    def add_all(self, keys: Sequence[bytes]) -> list[bool]:
+        """`add` for many keys of covered tables at once (a new add's 32 bucket marks); returns, per key, what
+        `may_hold` answered just before. One pass: asking, then adding, hashed the keys and read their bits
+        twice (116 against 64 us per add)."""
         if self._built is not None:
             self._adopt()
         if not keys:
-            return
+            return []
         positions = _positions(keys)
-        self._count += int((~_all_set(self._bits, positions)).sum())
+        held = _all_set(self._bits, positions)
+        self._count += int((~held).sum())
         _set(self._bits, positions)
+        return held.tolist() if self._ready else [True] * len(keys)
 
     def add(self, key: bytes) -> None:
         """Record that `key` is about to be stored (before its write: a write that fails leaves harmless bits)."""

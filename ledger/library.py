@@ -592,8 +592,7 @@ class Library:
         if not late:
             txn.put(LAST_ADD, order)
         marks = [bucket_mark_key(band) for band in bands]
-        maybe_used = txn.may_hold_marks(marks)
-        txn.mark(marks)
+        maybe_used = txn.mark(marks)
         for band, used in zip(bands, maybe_used, strict=True):
             txn.put(bucket_key(band, order), b"")
             if not used:  # an empty bucket (most are): nothing to test

@@ -687,15 +687,11 @@ class Transaction:
     def delete(self, key: bytes) -> None:
         self.put(key, None)
 
-    def may_hold_marks(self, marks: list[bytes]) -> list[bool]:
-        """Whether each key, kept in the key filter alone (bucket marks), may have been marked; False is sure."""
+    def mark(self, marks: list[bytes]) -> list[bool]:
+        """Set keys kept in the key filter alone (bucket marks; its bits are set now, and a commit that fails leaves
+        harmless bits); returns, per key, whether it may have been set before (False is sure)."""
         key_filter = self._store.key_filter
-        return [True] * len(marks) if key_filter is None else key_filter.may_hold_all(marks)
-
-    def mark(self, marks: list[bytes]) -> None:
-        """Set keys kept in the key filter alone (its bits are set now; a commit that fails leaves harmless bits)."""
-        if self._store.key_filter is not None:
-            self._store.key_filter.add_all(marks)
+        return [True] * len(marks) if key_filter is None else key_filter.add_all(marks)
 
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """Like Store.scan, with this transaction's writes merged in (scannable tables only)."""
