@@ -81,7 +81,7 @@ def _threads_cpu() -> dict[int, tuple[str, float]]:
         tid = int(entry.name)
         try:
             stat, comm = (entry / "stat").read_text(), (entry / "comm").read_text().strip()
-        except FileNotFoundError:  # it ended meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # it ended meanwhile: before the open, or during the read
             continue
         if tid != main:
             fields = stat[stat.rindex(")") + 2 :].split()  # after the comm, which may hold spaces

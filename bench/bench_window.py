@@ -1,6 +1,6 @@
 """Where a writer's time goes: one window of ingest at a given size, phase by phase, with queries running.
 
-Usage: python -m bench.bench_window [--at 100000] [--width 10000] [--no-queries]
+Usage: python -m bench.bench_window [--at 100000] [--width 10000] [--no-queries] [--keep DIR | --start-from DIR]
 
 The ledger is filled to `--at` operations of the workload (untimed), then the next `--width` are
 ingested in batches of 1,000 while a thread retrieves every 50 ms (as bench_ledger does). For the
@@ -8,6 +8,11 @@ window it prints the writer's CPU (`time.thread_time`) and wall time per operati
 of `Ledger.ingest`, the other threads' CPU, the longest full garbage collection, and the queries'
 latency. CPU per phase is the figure to
 compare between two versions on a shared machine; wall time shows what the writer waited for.
+The writer's CPU is also given per unit of the signature threads' CPU: they do the same work per
+operation in every version, so the machine's speed, which moves by tens of percent within minutes
+here, cancels out. `--keep DIR` keeps the filled directory (before the window); `--start-from DIR`
+starts each run from a copy of such a directory instead of filling (at 1M operations filling takes
+~10 minutes, the copy seconds), so versions can be run in turn on the same data.
 This is the tool behind the figures of README "The ledger at scale".
 """
 
@@ -17,6 +22,7 @@ import argparse
 import gc
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -72,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--at", type=int, default=100_000, help="operations ingested before the window")
     parser.add_argument("--width", type=int, default=10_000, help="operations in the window")
     parser.add_argument("--no-queries", action="store_true", help="no thread retrieving during the window")
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument("--keep", type=Path, help="keep the filled data directory here (it must not exist)")
+    kept.add_argument("--start-from", type=Path, help="a directory kept by --keep at the same --at, copied")
     args = parser.parse_args(argv)
+    if args.keep is not None and args.keep.exists():
+        parser.error(f"--keep: {args.keep} exists")
+    if args.start_from is not None and not args.start_from.is_dir():
+        parser.error(f"--start-from: {args.start_from} is not a directory")
     params = NetworkParams()
     clock = PhaseClock()
     for owner, name, label in PHASES:
@@ -88,15 +101,31 @@ def main(argv: list[str] | None = None) -> int:
                 pauses.append(time.perf_counter() - started[0])
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
-        ledger = Ledger.open(Path(tmp) / "node", params)
-        gc.freeze()  # as the daemon does once started
+        path = Path(tmp) / "node"
         stream = (block.data for block in operations(args.at + args.width, params))
-        done = 0
-        while done < args.at:
-            ledger.ingest(list(itertools.islice(stream, min(1000, args.at - done))))
-            done += min(1000, args.at - done)
-            if done % 50_000 == 0:
-                print(f"  filled {done:,}/{args.at:,}", file=sys.stderr, flush=True)
+        if args.start_from is not None:
+            shutil.copytree(args.start_from, path)
+            ledger = Ledger.open(path, params)
+            held = ledger.view().log_size
+            if held != args.at:
+                ledger.close()
+                parser.error(f"--start-from: {args.start_from} holds {held:,} operations, not --at {args.at:,}")
+            for done, _ in enumerate(itertools.islice(stream, args.at), 1):  # the workload must be generated anyway
+                if done % 50_000 == 0:
+                    print(f"  generated {done:,}/{args.at:,}", file=sys.stderr, flush=True)
+        else:
+            ledger = Ledger.open(path, params)
+            done = 0
+            while done < args.at:
+                ledger.ingest(list(itertools.islice(stream, min(1000, args.at - done))))
+                done += min(1000, args.at - done)
+                if done % 50_000 == 0:
+                    print(f"  filled {done:,}/{args.at:,}", file=sys.stderr, flush=True)
+            if args.keep is not None:
+                ledger.close()
+                shutil.copytree(path, args.keep)
+                ledger = Ledger.open(path, params)
+        gc.freeze()  # as the daemon does once started
         window = list(itertools.islice(stream, args.width))
         querier = None if args.no_queries else _Querier(ledger)
         gc.callbacks.append(on_gc)
@@ -127,6 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     for label, cpu in by_thread.items():
         print(f"    {label + ':':26} CPU {cpu * 1e6:6.0f} us/op")
+    signatures = by_thread.get("ledger-verify", 0.0)  # in clock ticks: a short window may show none
+    per_unit = f"{writer / len(window) / signatures:6.2f}" if signatures > 0 else "   n/a (none measured)"
+    print(f"  writer CPU per unit of the signature threads' {per_unit}")
     for _, _, label in PHASES:
         cpu_s, wall_s = clock.spent.get(label, (0.0, 0.0))
         print(f"    {label:26} CPU {cpu_s * per_op:6.0f} us/op   wall {wall_s * per_op:6.0f} us/op")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,3 +42,46 @@ def test_bench_window_prints_every_phase(tmp_path: Path) -> None:
     out = _run(tmp_path, "bench.bench_window", "--at", "1000", "--width", "1000")
     for phase in ("triage", "embedding check", "signature wait", "store + fold", "commit", "receipts", "queries"):
         assert phase in out, out
+
+
+def test_bench_window_runs_again_from_a_kept_directory(tmp_path: Path) -> None:
+    """`--keep` saves the filled directory; `--start-from` runs the same window on a copy of it (and refuses a
+    directory of another size): the library it reaches is the one a fill reaches."""
+    kept, window = tmp_path / "kept", ("--width", "500", "--no-queries")
+    filled = _run(tmp_path, "bench.bench_window", "--at", "1000", *window, "--keep", str(kept))
+    copied = _run(tmp_path, "bench.bench_window", "--at", "1000", *window, "--start-from", str(kept))
+
+    def summary(out: str) -> list[str]:  # "window of 500 operations after 1,000 (N live)", less the machine's load
+        return [line.split(", load")[0] for line in out.splitlines() if line.startswith("window of")]
+
+    assert len(summary(filled)) == 1 and summary(filled) == summary(copied)
+    assert "per unit of the signature threads'" in copied
+    refused = subprocess.run(
+        [sys.executable, "-m", "bench.bench_window", "--at", "2000", *window, "--start-from", str(kept)],
+        cwd=ROOT, env={**os.environ, "BENCH_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert refused.returncode == 2 and "holds 1,000 operations, not --at 2,000" in refused.stderr
+
+
+def test_thread_cpu_skips_a_thread_that_ends_while_its_files_are_read(monkeypatch) -> None:
+    """A thread may end between listing /proc/self/task and reading its files (the index thread ends whenever its
+    backlog empties): reading them then raises ProcessLookupError, which once ended a benchmark run."""
+    from bench.bench_ledger import _threads_cpu
+
+    release = threading.Event()
+    ending = threading.Thread(target=release.wait)
+    ending.start()
+    real_read = Path.read_text
+
+    def read_text(self: Path, *args: object, **kwargs: object) -> str:
+        if self.parent.name == str(ending.native_id) and self.name == "comm":
+            raise ProcessLookupError(3, "No such process")
+        return real_read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    try:
+        threads = _threads_cpu()
+    finally:
+        release.set()
+        ending.join()
+    assert ending.native_id not in threads and threads  # the others are still counted
