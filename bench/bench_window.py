@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.start_from is not None:
             shutil.copytree(args.start_from, path)
             ledger = Ledger.open(path, params)
+            gc.freeze()  # as the daemon does once started
             held = ledger.view().log_size
             if held != args.at:
                 ledger.close()
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  generated {done:,}/{args.at:,}", file=sys.stderr, flush=True)
         else:
             ledger = Ledger.open(path, params)
+            gc.freeze()
             done = 0
             while done < args.at:
                 ledger.ingest(list(itertools.islice(stream, min(1000, args.at - done))))
@@ -125,7 +127,6 @@ def main(argv: list[str] | None = None) -> int:
                 ledger.close()
                 shutil.copytree(path, args.keep)
                 ledger = Ledger.open(path, params)
-        gc.freeze()  # as the daemon does once started
         window = list(itertools.islice(stream, args.width))
         querier = None if args.no_queries else _Querier(ledger)
         gc.callbacks.append(on_gc)
