@@ -11,11 +11,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _run(tmp_path: Path, *args: str) -> str:
+def _process(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "BENCH_DIR": str(tmp_path)}
-    result = subprocess.run(
-        [sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-    )
+    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _run(tmp_path: Path, *args: str) -> str:
+    result = _process(tmp_path, *args)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
 
@@ -45,8 +47,9 @@ def test_bench_window_prints_every_phase(tmp_path: Path) -> None:
 
 
 def test_bench_window_runs_again_from_a_kept_directory(tmp_path: Path) -> None:
-    """`--keep` saves the filled directory; `--start-from` runs the same window on a copy of it (and refuses a
-    directory of another size): the library it reaches is the one a fill reaches."""
+    """`--keep` saves the filled directory; `--start-from` runs the same window on a copy of it: the library it
+    reaches is the one a fill reaches. A directory of another size, a `--keep` that exists and a `--start-from`
+    that does not are refused."""
     kept, window = tmp_path / "kept", ("--width", "500", "--no-queries")
     filled = _run(tmp_path, "bench.bench_window", "--at", "1000", *window, "--keep", str(kept))
     copied = _run(tmp_path, "bench.bench_window", "--at", "1000", *window, "--start-from", str(kept))
@@ -56,11 +59,11 @@ def test_bench_window_runs_again_from_a_kept_directory(tmp_path: Path) -> None:
 
     assert len(summary(filled)) == 1 and summary(filled) == summary(copied)
     assert "per unit of the signature threads'" in copied
-    refused = subprocess.run(
-        [sys.executable, "-m", "bench.bench_window", "--at", "2000", *window, "--start-from", str(kept)],
-        cwd=ROOT, env={**os.environ, "BENCH_DIR": str(tmp_path)}, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    refused = _process(tmp_path, "bench.bench_window", "--at", "2000", *window, "--start-from", str(kept))
     assert refused.returncode == 2 and "holds 1,000 operations, not --at 2,000" in refused.stderr
+    for flag, where, why in (("--keep", kept, "exists"), ("--start-from", tmp_path / "none", "is not a directory")):
+        refused = _process(tmp_path, "bench.bench_window", "--at", "1000", *window, flag, str(where))
+        assert refused.returncode == 2 and f"{flag}: {where} {why}" in refused.stderr
 
 
 def test_thread_cpu_skips_a_thread_that_ends_while_its_files_are_read(monkeypatch) -> None:
