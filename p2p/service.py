@@ -207,6 +207,7 @@ class P2PNode:
         return [peer.to_json(peer.id in connected) for peer in listed]
 
     def is_connected(self, peer_id: ID) -> bool:
+        """Whether the swarm holds a connection to `peer_id` now (its table, not the close notifications)."""
         return peer_id in self.host.get_connected_peers()
 
     # --- the node's side ------------------------------------------------------------------------------
@@ -543,7 +544,7 @@ class P2PNode:
                     peer.connected_since = time.time()
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
-            elif peer.id not in self.host.get_connected_peers():
+            elif not self.is_connected(peer.id):
                 peer.connected_since = None
                 if peer.scope is not None:
                     peer.scope.cancel()
@@ -564,7 +565,7 @@ class P2PNode:
         backoff = 1.0
         while True:
             peer = self.peer(peer_id)
-            if peer_id in self.host.get_connected_peers() or peer.banned:
+            if self.is_connected(peer_id) or peer.banned:
                 await trio.sleep(1.0)
                 continue
             try:
