@@ -569,12 +569,18 @@ class Library:
         adds whose earliest it now is (§7.6); returns the first (None if none) and the second, whose components
         it joins.
 
-        Buckets are kept in fold order, so finding the earliest earlier one stops at the first that
-        passes the exact test: a new add costs the same in a library of any size (a late one also
-        tests the later adds of its buckets, which it may now absorb). Most buckets are empty: the
-        key filter holds a mark per non-empty bucket and answers for all 32 at once, where opening an
-        iterator seeks every level of the database (80% of the writer's scans; their cost grew with
-        the database). A bucket it may hold (all of them while it is rebuilt) is read.
+        A bucket is kept in the order of its adds' anchors (`bucket_key`: the clock of an add's F when it was
+        indexed, then its own order). An add sorts no earlier than its anchor, so finding the earliest earlier
+        one stops at the first key past the best found: for a copy in a cluster, the cluster's first add. A
+        late add may take over only adds whose F sorts after it (or that have none), whose anchors are no
+        earlier than its own clock, so it reads its buckets from there: a late copy that sorts after its
+        cluster's first add reads none of the cluster (it read all of it, ~158,000 keys in the 1M workload's
+        largest one, when buckets were in fold order). F only moves earlier, so an anchor stays where a
+        takeover leaves it: a later late add reads the adds taken over and skips them by their F.
+
+        Most buckets are empty: the key filter holds a mark per non-empty bucket and answers for all 32 at
+        once, where opening an iterator seeks every level of the database (80% of the writer's scans; their
+        cost grew with the database). A bucket it may hold (all of them while it is rebuilt) is read.
         """
         threshold = self._threshold
         verdicts: dict[bytes, bool] = {}
@@ -586,28 +592,30 @@ class Library:
             return verdicts[other]
 
         earliest: bytes | None = None
-        following: set[bytes] = set()  # the adds after this one in its buckets
+        bound = order  # F sorts before this add and before the earliest near-duplicate found so far
+        following: set[bytes] = set()  # the adds after this one in its buckets that it may take over
         last = txn.get(LAST_ADD)
         late = last is not None and last > order  # some add sorts after this one: it may absorb them
         if not late:
             txn.put(LAST_ADD, order)
-        marks = [bucket_mark_key(band) for band in bands]
-        maybe_used = txn.mark(marks)
-        for band, used in zip(bands, maybe_used, strict=True):
-            txn.put(bucket_key(band, order), b"")
-            if not used:  # an empty bucket (most are): nothing to test
-                continue
-            prefix = bucket_prefix(band)
-            for key, _ in txn.scan(prefix):
+        used = [band for band, maybe in zip(bands, txn.mark([bucket_mark_key(band) for band in bands]), strict=True)
+                if maybe]  # fmt: skip
+        for band in used:  # an empty bucket (most are) has nothing to test
+            limit = bucket_key(band, bound, bound)
+            for key, _ in txn.scan(bucket_prefix(band)):
+                if key >= limit:  # an add's anchor sorts before it: every add from here on sorts after `bound`
+                    break
                 other = parse_bucket_key(key, band)
-                if other >= order or (earliest is not None and other >= earliest):
-                    break
-                if near(other):
-                    earliest = other
-                    break
-            if late:  # the adds of a cluster of copies share most buckets: each is looked at once
-                # parse_bucket_key, inlined: a late copy in the 1M workload's largest cluster reads ~158,000 keys
-                following.update(key[len(prefix) :] for key in txn.keys(prefix, bucket_key(band, order)))
+                if other < bound and near(other):
+                    earliest = bound = other
+                    limit = bucket_key(band, bound, bound)
+        for band in bands:
+            txn.put(bucket_key(band, order, earliest or order), b"")
+        if late:
+            for band in used:  # the adds of a cluster of copies share most buckets: each is looked at once
+                start = bucket_key(band, order, order)
+                anchored = len(start) - len(order)  # parse_bucket_key, inlined: a takeover may read ~158,000 keys
+                following.update(key[anchored:] for key in txn.keys(bucket_prefix(band), start))
         txn.put(vector_key(cid), values)
         into = order_cid(earliest) if earliest is not None else None
         if into is not None:
@@ -615,7 +623,8 @@ class Library:
         following.discard(order)
         taken = []
         for other in sorted(following):
-            # whether its F sorts before this add first: in a cluster of copies most do, and need no exact test
+            # whether its F sorts before this add first: one that a late add took over since it was indexed does
+            # (its anchor is where its F was), and needs no exact test
             current = txn.get(absorbs_key(order_cid(other)))
             if (current is None or self._order(txn, current) > order) and near(other):
                 txn.put(absorbs_key(order_cid(other)), cid)  # this add now sorts first among its near-duplicates

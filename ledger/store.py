@@ -30,11 +30,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORMAT = b"experience-ledger/store/3"
+FORMAT = b"experience-ledger/store/4"
 #: format 1 keyed the heads by CID alone; opening such a database orders them by clock (format 2)
 FORMAT_HEADS_BY_CID = b"experience-ledger/store/1"
 #: format 2 kept operation bytes in the B table; opening such a database moves them to block files (format 3)
 FORMAT_BLOCKS_IN_TABLE = b"experience-ledger/store/2"
+#: format 3 keyed the hash buckets by band and order alone; opening such a database adds the anchors (format 4)
+FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
@@ -61,7 +63,7 @@ COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by
 MEMBER = b"G"  # G component id, experience id -> ""
 COMPONENT_OP = b"Q"  # Q component id, order -> "" (its operations other than votes, in fold order)
 ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earlier near-duplicate sharing a band, §7.6)
-BUCKET = b"Z"  # Z band number, band hash, order -> "" (locality-sensitive hash buckets of adds, in fold order)
+BUCKET = b"Z"  # Z band number, band hash, u64 anchor clock, order -> "" (locality-sensitive hash buckets of adds)
 BUCKET_MARK = b"I"  # I band number, band hash: the bucket holds an add (a key of the key filter alone, in no table)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
@@ -79,8 +81,10 @@ NETWORK = META + b"network"  # the network parameters the directory was created 
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
 BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it existed; dropped with it
 BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
-#: blocks moved into the block files per synced write while a format 2 database is upgraded
+#: blocks moved into the block files (bucket keys rewritten) per synced write while a database is upgraded
 _UPGRADE_CHUNK = 100_000
+#: a band key's bytes (band number, 32-bit band hash: ledger.neardup.band_keys)
+_BAND_KEY_SIZE = 5
 
 
 def u64(value: int) -> bytes:
@@ -277,8 +281,11 @@ def bucket_prefix(band: bytes) -> bytes:
     return BUCKET + band
 
 
-def bucket_key(band: bytes, order: bytes) -> bytes:
-    return BUCKET + band + order
+def bucket_key(band: bytes, order: bytes, anchor: bytes) -> bytes:
+    """An add's key in the bucket `band`. `anchor` is the order of its F when it was indexed (its own if it had
+    none): a late add can take over only the adds whose F sorts after it, and F only ever moves earlier, so
+    the anchor's clock ahead of the order lets it skip the others by where it starts reading (PROTOCOL.md §7.6)."""
+    return BUCKET + band + anchor[:8] + order
 
 
 def bucket_mark_key(band: bytes) -> bytes:
@@ -287,7 +294,7 @@ def bucket_mark_key(band: bytes) -> bytes:
 
 def parse_bucket_key(key: bytes, band: bytes) -> bytes:
     """The order (clock, CID) of an add in the bucket `band`."""
-    return key[1 + len(band) :]
+    return key[1 + len(band) + 8 :]
 
 
 def vector_key(add: bytes) -> bytes:
@@ -453,7 +460,7 @@ class Store:
             # new, or created by a start that died before writing anything: nothing to lose
             self._db.put(FORMAT_KEY, FORMAT, sync=True)
         found = self.get(FORMAT_KEY)
-        if found not in (FORMAT, FORMAT_BLOCKS_IN_TABLE, FORMAT_HEADS_BY_CID):
+        if found not in (FORMAT, FORMAT_BUCKETS_BY_ORDER, FORMAT_BLOCKS_IN_TABLE, FORMAT_HEADS_BY_CID):
             self._db.close()
             raise StoreError(
                 "store.format",
@@ -464,8 +471,10 @@ class Store:
                 self._order_heads_by_clock()
             # bytes past the recorded end (a crash, or an upgrade that was interrupted) are cut away
             self.blocks = BlockFiles(path / BLOCKS_DIR, self.get(BLOCKS_END))
-            if found != FORMAT:
+            if found in (FORMAT_HEADS_BY_CID, FORMAT_BLOCKS_IN_TABLE):
                 self._move_blocks_to_files()
+            if found != FORMAT:
+                self._anchor_buckets()
         except BlockFileError as exc:
             self._db.close()
             raise StoreError(exc.code, exc.message) from None
@@ -520,6 +529,48 @@ class Store:
         self.compact(BLOCK)  # the bytes the locators replaced
         log.info("%s: store format 3: %d operations in block files", self.path, moved)
 
+    def _anchor_buckets(self) -> None:
+        """Rewrite format 3's bucket keys with their anchors (`bucket_key`), then record format 4.
+
+        An absorbed add's anchor is the clock of the F the E table records now: that is where it would have
+        been indexed had it arrived last, and F only moves earlier. Keys are rewritten in synced chunks, each
+        deleting the old keys it replaces, and the format changes with the last; an interrupted upgrade resumes
+        from the old keys left (a new key is 8 bytes longer).
+        """
+        log.info("%s: upgrading the store from format 3 to 4: anchoring the hash buckets", self.path)
+        clocks: dict[bytes, bytes] = {}  # F -> its clock, 8 bytes
+        anchors: dict[bytes, bytes] = {}  # absorbed add -> its F's clock
+        for key, into in self.scan(ABSORBS):
+            if into not in clocks:
+                meta = self.get(opmeta_key(into))
+                if meta is None:
+                    raise StoreError("store.corrupt", f"{self.path}: add {into.hex()} has no operation metadata")
+                clocks[into] = meta[:8]
+            anchors[cid_of_key(key)] = clocks[into]
+        old_size = 1 + _BAND_KEY_SIZE + 8 + CID_LENGTH
+        rewritten, chunk = 0, []
+        for key, _ in self.scan(BUCKET):  # an iterator reads a snapshot: the chunks written meanwhile are not in it
+            if len(key) == old_size:
+                chunk.append(key)
+            if len(chunk) == _UPGRADE_CHUNK:
+                rewritten += self._anchor_chunk(chunk, anchors, final=False)
+                chunk = []
+                if rewritten % (10 * _UPGRADE_CHUNK) == 0:  # ~3 s apart: 8 million keys at a million operations
+                    log.info("%s: anchored %d bucket keys", self.path, rewritten)
+        rewritten += self._anchor_chunk(chunk, anchors, final=True)
+        self.compact(BUCKET)  # the old keys
+        log.info("%s: store format 4: %d bucket keys anchored", self.path, rewritten)
+
+    def _anchor_chunk(self, keys: list[bytes], anchors: dict[bytes, bytes], *, final: bool) -> int:
+        with self._db.write_batch(transaction=True, sync=True) as batch:
+            for key in keys:
+                band, order = key[1 : 1 + _BAND_KEY_SIZE], key[1 + _BAND_KEY_SIZE :]
+                batch.delete(key)
+                batch.put(bucket_key(band, order, anchors.get(order_cid(order), order)), b"")
+            if final:
+                batch.put(FORMAT_KEY, FORMAT)
+        return len(keys)
+
     def _move_chunk(self, chunk: list[tuple[bytes, bytes]], *, final: bool) -> int:
         appender = self.blocks.appender()
         locators = [(key, appender.append(value)) for key, value in chunk]
@@ -529,7 +580,7 @@ class Store:
                 batch.put(key, locator)
             batch.put(BLOCKS_END, appender.end)
             if final:
-                batch.put(FORMAT_KEY, FORMAT)
+                batch.put(FORMAT_KEY, FORMAT_BUCKETS_BY_ORDER)
         appender.committed()
         return len(chunk)
 

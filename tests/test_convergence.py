@@ -6,7 +6,10 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledger.cid import CID
+from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
+from ledger.store import BUCKET, absorbs_key, order_cid, u64
 from tests import factories as f
 from tests.ledgers import ACTIONS, CONTEXTS, open_ledger, random_history
 
@@ -141,6 +144,73 @@ def test_near_duplicate_adds_in_every_order_converge(tmp_path):
         ledger = open_ledger(tmp_path / f"n{number}")
         for block in [*order, vote, delete]:
             ledger.submit(block.data)
+        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        ledger.close()
+    assert len(results) == 1
+
+
+#: copies of these (each from its own author) are near-duplicates, and so are any two of the first four but the
+#: second and third: an add may be F for a copy of one without being near an add that copy is absorbed into
+_COPIED = (
+    "When solving geometry problems with intersections, check all of the bounds.",
+    "When solving geometry problems with many intersections, check all the bounds.",
+    "When solving geometry problems with intersections, always check the bounds.",
+    "When solving geometry problems with intersections, check the bounds.",
+    "When counting lattice paths, check the boundary cases first.",
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 16))
+def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bound_their_f(
+    tmp_path_factory, seed, size
+):
+    """Copies arriving one at a time in a random order are often late: each may take over copies after it,
+    which keep the anchor they were indexed with (§7.6). The node holds what one that got them all at once holds,
+    and every bucket key's anchor lies between its add's F and the add (its own clock if it has no F)."""
+    rng = random.Random(seed)
+    adds = [
+        f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 8), content=f.content(rng.choice(_COPIED))), f.author(i))
+        for i in range(1, size + 1)
+    ]
+    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"))
+    for block in rng.sample(adds, len(adds)):
+        assert one_by_one.submit(block.data).outcome != "invalid"
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once.ingest([block.data for block in rng.sample(adds, len(adds))])
+    assert one_by_one.view().snapshot() == at_once.view().snapshot()
+    assert one_by_one.view().state_root() == at_once.view().state_root()
+    view = one_by_one.view()
+    for key, _ in one_by_one.store.scan(BUCKET):
+        anchor, order = key[1 + BAND_KEY_SIZE : 9 + BAND_KEY_SIZE], key[9 + BAND_KEY_SIZE :]
+        into = one_by_one.store.get(absorbs_key(order_cid(order)))
+        assert anchor == order[:8] if into is None else u64(view.clock(CID(into))) <= anchor <= order[:8]
+    one_by_one.close()
+    at_once.close()
+
+
+def test_a_chain_of_near_duplicates_in_every_order_converges(tmp_path):
+    """Near-duplicates that are not all near each other, in all 120 orders. The add at clock 6 shares a bucket with
+    those at 3, 5 and 7 (every bucket it shares with the one at 3), and is near them, not the first; that one absorbs
+    those at 5 and 7, not the one at 3. So its F is the one at 3, which the bucket holds after the two anchored at
+    clock 1 (§7.6); arriving before the one at 7, the add at 6 is late, and must read past both."""
+    texts_and_clocks = [
+        ("When solving geometry problems with intersections, check many the bounds of every region.", 1),
+        ("When solving geometry problems with intersections, check the bounds every region.", 3),
+        ("When solving geometry problems with intersections, check the all bounds of every region.", 5),
+        ("When carefully solving geometry problems with intersections, check the bounds of every region.", 6),
+        ("When solving geometry problems with intersections, check the all bounds of every region.", 7),
+    ]
+    adds = [
+        f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(text)), f.author(i + 1))
+        for i, (text, clock) in enumerate(texts_and_clocks)
+    ]
+    results = set()
+    for number, order in enumerate(itertools.permutations(adds)):
+        ledger = open_ledger(tmp_path / f"n{number}")
+        for block in order:
+            ledger.submit(block.data)
+        assert ledger.view().status(adds[3].cid).into == adds[1].cid
         results.add((ledger.view().snapshot(), ledger.view().state_root()))
         ledger.close()
     assert len(results) == 1

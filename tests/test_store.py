@@ -10,12 +10,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.blockfile import BLOCKS_DIR, LOCATOR
+from ledger.cid import CID
 from ledger.errors import LedgerError
 from ledger.ledger import Ledger
+from ledger.neardup import BAND_KEY_SIZE
+from ledger.ops import Kind
 from ledger.store import (
     BLOCK,
     BUCKET,
     FORMAT,
+    FORMAT_BUCKETS_BY_ORDER,
     FORMAT_HEADS_BY_CID,
     FORMAT_KEY,
     HEAD,
@@ -24,7 +28,10 @@ from ledger.store import (
     Store,
     StoreError,
     TableLinks,
+    absorbs_key,
     cid_of_head_key,
+    order_cid,
+    u64,
 )
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
@@ -226,6 +233,52 @@ def test_a_format_1_head_without_metadata_is_refused_and_nothing_is_rewritten(no
     db = plyvel.DB(str(node / "ledger.db"))
     assert db.get(FORMAT_KEY) == FORMAT_HEADS_BY_CID and list(db.iterator(prefix=HEAD)) == before
     db.close()
+
+
+def _as_format_3(node, keep=0):
+    """Rewrite a data directory's bucket keys as format 3 wrote them, without anchors, all but the first `keep`
+    (an upgrade that was interrupted after rewriting them)."""
+    db = plyvel.DB(str(node / "ledger.db"))
+    with db.write_batch(sync=True) as batch:
+        for key in list(db.iterator(prefix=BUCKET, include_value=False))[keep:]:
+            batch.delete(key)
+            batch.put(key[: 1 + BAND_KEY_SIZE] + key[9 + BAND_KEY_SIZE :], b"")
+        batch.put(FORMAT_KEY, FORMAT_BUCKETS_BY_ORDER)
+    db.close()
+
+
+#: copies of two insights at these clocks, in this arrival order: the last copy of the first is late, and takes over
+COPIES = [(f.SEED_TEXTS[0], 4), (f.SEED_TEXTS[0], 6), (f.SEED_TEXTS[1], 5), (f.SEED_TEXTS[1], 7), (f.SEED_TEXTS[0], 2)]
+
+
+@pytest.mark.parametrize("keep", [0, 40], ids=["whole", "resumed"])
+def test_a_format_3_directory_gets_its_buckets_anchored_once(tmp_path, keep):
+    adds = [
+        f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(text)), f.author(number))
+        for number, (text, clock) in enumerate(COPIES, 1)
+    ]
+    node = tmp_path / "node"
+    ledger = open_ledger(node)
+    for block in adds:
+        ledger.submit(block.data)
+    ledger.close()
+    _as_format_3(node, keep)
+    migrated = Ledger.open(node, f.PARAMS)
+    assert migrated.store.get(FORMAT_KEY) == FORMAT
+    keys = migrated.store.keys(BUCKET)
+    assert len(keys) == 32 * len(adds)
+    view = migrated.view()
+    for key in keys[keep:]:  # an absorbed add's anchor is its F's clock now (two were taken over), else its own
+        anchor, order = key[1 + BAND_KEY_SIZE : 9 + BAND_KEY_SIZE], key[9 + BAND_KEY_SIZE :]
+        into = migrated.store.get(absorbs_key(order_cid(order)))
+        assert anchor == (order[:8] if into is None else u64(view.clock(CID(into))))
+    late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content(f.SEED_TEXTS[1])), f.author(9))
+    assert migrated.submit(late.data).outcome == "applied"  # and it takes over the copies at 5 and 7
+    at_once = open_ledger(tmp_path / "at_once")
+    at_once.ingest([block.data for block in [*adds, late]])
+    assert migrated.view().snapshot() == at_once.view().snapshot()
+    migrated.close()
+    at_once.close()
 
 
 def test_a_missing_node_key_is_refused(node):
