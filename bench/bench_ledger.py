@@ -15,9 +15,11 @@ Figures, all from one run on one stream of operations (bench/workload.py):
   largest       at each checkpoint, in the library's largest component (experiences linked by
   component     near-duplicate absorption and merges, PROTOCOL.md 7.5: what one operation may have to fold
                 again): a merge of two of its roots, signed by a new key; an add with clock 1 from a new
-                author repeating one of its adds (a late near-duplicate, first among its copies: the
-                component is folded again); a modify, a delete and a copy that sort just after early
-                members no merge names (folded where they sort), and a modify and a delete of two such
+                author repeating one of its adds and sorting before every copy (each round's before the
+                last's: it takes them all over, and the component is folded again), then one sorting
+                after it (absorbed: it reads the copies taken over, anchored where their F was); a
+                modify, a delete and a copy that sort just after early members no merge names (folded
+                where they sort), and a modify and a delete of two such
                 members in one batch; a delete of one an applied merge names (it voids the merge: the
                 merge is undone if nothing but votes acted on it since, else the component is folded
                 again), then another once the merge is void (its verdict is reworded); medians of 3, what
@@ -51,7 +53,7 @@ from ledger.embedder import embedder_for, pack_float16
 from ledger.ingest import Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
-from ledger.ops import Embedding, Experience, Kind, Operation, sign
+from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.records import Outcome
 from ledger.retrieval import Retriever
@@ -171,7 +173,9 @@ class _ComponentProbe:
 
     members: int
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
-    near_duplicate: float  # an add with clock 1 repeating one of its adds: first among their copies
+    takeover: float  # an add with clock 1 repeating one of its adds, first among their copies: it takes them over
+    refolded: int  # the operations such a takeover folds again (median)
+    after_takeover: float  # then a copy at clock 1 that sorts after those: absorbed into them
     in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
     late_pair: float | None  # a late modify and a late delete of two such members in one batch
     merge_voided: float | None  # a late delete of an early member an applied merge names (None: none found)
@@ -195,15 +199,22 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     free = [m for m in early if not merging[m]]
     # named by a merge that is applied: a delete voids it (one void already would only be reworded)
     named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
-    merges, lates, pairs, voided, again = [], [], [], [], []
+    merges, takeovers, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], []
+    first = (view.clock(early[0]), early[0].raw)  # what a copy must sort before to take the component's copies over
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
             key = AuthorKey(bytes([120 + round_, probe]) * 16)
             merges.append(_timed(ledger, _merge(ledger, roots[2 * round_], roots[2 * round_ + 1], key)))
         original = view.content(adds[round_ % len(adds)])
-        late = Operation(Kind.ADD, "", 1, (), 1_700_000_000, content=original)
-        lates.append(_timed(ledger, sign(late, AuthorKey(bytes([110 + round_, probe]) * 16)).data))
+        key = AuthorKey(bytes([110 + round_, probe]) * 16)
+        copy = _copy_at_clock_1(original, key, first, before=True)
+        before = ledger.refolded
+        takeovers.append(_timed(ledger, copy.data))
+        refolded.append(ledger.refolded - before)
+        first = (1, copy.cid.raw)
+        key = AuthorKey(bytes([115 + round_, probe]) * 16)
+        absorbed.append(_timed(ledger, _copy_at_clock_1(original, key, first, before=False).data))
         for number, kind in enumerate(IN_PLACE):
             if len(free) > 3 * round_ + number:
                 key = AuthorKey(bytes([130 + 3 * round_ + number, probe]) * 16)
@@ -221,12 +232,21 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     return _ComponentProbe(
         size,
         statistics.median(merges) if merges else None,
-        statistics.median(lates),
+        statistics.median(takeovers),
+        int(statistics.median(refolded)),
+        statistics.median(absorbed),
         {kind: statistics.median(times) for kind, times in in_place.items() if times},
         statistics.median(pairs) if pairs else None,
         statistics.median(voided) if voided else None,
         statistics.median(again) if again else None,
     )
+
+
+def _copy_at_clock_1(content: Experience, key: AuthorKey, first: tuple[int, bytes], *, before: bool) -> Block:
+    """An add of `content` with clock 1 and no parents that sorts before `first` (or after it), found by trying
+    timestamps: where a copy sorts among the others at clock 1 is its author's choice, for a signature or two."""
+    copies = (sign(Operation(Kind.ADD, "", 1, (), at, content=content), key) for at in itertools.count(1_700_000_000))
+    return next(copy for copy in copies if ((1, copy.cid.raw) < first) == before)
 
 
 def _late_on(ledger: Ledger, kind: str, target: CID, key: AuthorKey) -> bytes:
@@ -396,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
         merged = f"merge of two roots {probe.merge * 1000:,.1f} ms" if probe.merge is not None else "fewer than 6 roots"
         print(
             f"  at {size:>9,} ops: largest component {probe.members:,} experiences: {merged}, "
-            f"late near-duplicate {probe.near_duplicate * 1000:,.1f} ms"
+            f"a copy that sorts first {probe.takeover * 1000:,.1f} ms (folds {probe.refolded:,} operations again), "
+            f"one after it {probe.after_takeover * 1000:,.1f} ms"
         )
         in_place = ", ".join(f"{kind} {seconds * 1000:,.1f} ms" for kind, seconds in probe.in_place.items())
         pair = f"{probe.late_pair * 1000:,.1f} ms" if probe.late_pair is not None else "too few members"

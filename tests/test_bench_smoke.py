@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -25,9 +26,11 @@ def _run(tmp_path: Path, *args: str) -> str:
 def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
     out = _run(tmp_path, "bench.bench_ledger", "--ops", "2000", "--checkpoints", "1000", "--batch", "100")
     figures = ("decode+validate+verify", "ingest per tenth", "CPU per op, writer", "CPU per op, other threads")
-    probes = ("late add", "largest component", "late near-duplicate", "late on early members", "queries during", "disk")
-    for figure in (*figures, "last tenth / first", *probes):
+    probes = ("late add", "largest component", "a copy that sorts first", "one after it", "late on early members")
+    for figure in (*figures, "last tenth / first", *probes, "queries during", "disk"):
         assert figure in out, out
+    # the copy that sorts first takes the component's copies over, which folds the component again
+    assert int(re.search(r"folds ([\d,]+) operations again", out).group(1).replace(",", "")) > 0, out
 
 
 def test_disk_counts_a_file_with_two_names_once(tmp_path: Path) -> None:
