@@ -16,6 +16,7 @@ from ledger.ledger import Ledger
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
 from ledger.store import (
+    ABSORBS,
     BLOCK,
     BUCKET,
     FORMAT,
@@ -251,17 +252,23 @@ def _as_format_3(node, keep=0):
 COPIES = [(f.SEED_TEXTS[0], 4), (f.SEED_TEXTS[0], 6), (f.SEED_TEXTS[1], 5), (f.SEED_TEXTS[1], 7), (f.SEED_TEXTS[0], 2)]
 
 
-@pytest.mark.parametrize("keep", [0, 40], ids=["whole", "resumed"])
-def test_a_format_3_directory_gets_its_buckets_anchored_once(tmp_path, keep):
+def _copies(node):
+    """A data directory holding COPIES (arriving in that order); returns their blocks."""
     adds = [
         f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(text)), f.author(number))
         for number, (text, clock) in enumerate(COPIES, 1)
     ]
-    node = tmp_path / "node"
     ledger = open_ledger(node)
     for block in adds:
         ledger.submit(block.data)
     ledger.close()
+    return adds
+
+
+@pytest.mark.parametrize("keep", [0, 40], ids=["whole", "resumed"])
+def test_a_format_3_directory_gets_its_buckets_anchored_once(tmp_path, keep):
+    node = tmp_path / "node"
+    adds = _copies(node)
     _as_format_3(node, keep)
     migrated = Ledger.open(node, f.PARAMS)
     assert migrated.store.get(FORMAT_KEY) == FORMAT
@@ -279,6 +286,22 @@ def test_a_format_3_directory_gets_its_buckets_anchored_once(tmp_path, keep):
     assert migrated.view().snapshot() == at_once.view().snapshot()
     migrated.close()
     at_once.close()
+
+
+def test_a_format_3_add_absorbed_into_one_without_metadata_is_refused_and_nothing_is_rewritten(tmp_path):
+    node = tmp_path / "node"
+    _copies(node)
+    _as_format_3(node)
+    db = plyvel.DB(str(node / "ledger.db"))
+    into = next(db.iterator(prefix=ABSORBS, include_key=False))
+    db.delete(OPMETA + into, sync=True)
+    before = list(db.iterator(prefix=BUCKET))
+    db.close()
+    error = _open_fails(node, "store.corrupt")
+    assert into.hex() in error.message
+    db = plyvel.DB(str(node / "ledger.db"))
+    assert db.get(FORMAT_KEY) == FORMAT_BUCKETS_BY_ORDER and list(db.iterator(prefix=BUCKET)) == before
+    db.close()
 
 
 def test_a_missing_node_key_is_refused(node):
