@@ -598,8 +598,8 @@ class Library:
         late = last is not None and last > order  # some add sorts after this one: it may absorb them
         if not late:
             txn.put(LAST_ADD, order)
-        used = [band for band, maybe in zip(bands, txn.mark([bucket_mark_key(band) for band in bands]), strict=True)
-                if maybe]  # fmt: skip
+        marks = [bucket_mark_key(band) for band in bands]
+        used = [band for band, maybe in zip(bands, txn.mark(marks), strict=True) if maybe]
         for band in used:  # an empty bucket (most are) has nothing to test
             limit = bucket_key(band, bound, bound)
             for key, _ in txn.scan(bucket_prefix(band)):

@@ -24,6 +24,7 @@ import plyvel
 from ledger.blockfile import BLOCKS_DIR, LOCATOR, BlockFileError, BlockFiles
 from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
+from ledger.neardup import BAND_KEY_SIZE
 
 if TYPE_CHECKING:
     from ledger.keyfilter import KeyFilter
@@ -83,8 +84,6 @@ BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it
 BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
 #: blocks moved into the block files (bucket keys rewritten) per synced write while a database is upgraded
 _UPGRADE_CHUNK = 100_000
-#: a band key's bytes (band number, 32-bit band hash: ledger.neardup.band_keys)
-_BAND_KEY_SIZE = 5
 
 
 def u64(value: int) -> bytes:
@@ -547,7 +546,7 @@ class Store:
                     raise StoreError("store.corrupt", f"{self.path}: add {into.hex()} has no operation metadata")
                 clocks[into] = meta[:8]
             anchors[cid_of_key(key)] = clocks[into]
-        old_size = 1 + _BAND_KEY_SIZE + 8 + CID_LENGTH
+        old_size = 1 + BAND_KEY_SIZE + 8 + CID_LENGTH
         rewritten, chunk = 0, []
         for key, _ in self.scan(BUCKET):  # an iterator reads a snapshot: the chunks written meanwhile are not in it
             if len(key) == old_size:
@@ -564,7 +563,7 @@ class Store:
     def _anchor_chunk(self, keys: list[bytes], anchors: dict[bytes, bytes], *, final: bool) -> int:
         with self._db.write_batch(transaction=True, sync=True) as batch:
             for key in keys:
-                band, order = key[1 : 1 + _BAND_KEY_SIZE], key[1 + _BAND_KEY_SIZE :]
+                band, order = key[1 : 1 + BAND_KEY_SIZE], key[1 + BAND_KEY_SIZE :]
                 batch.delete(key)
                 batch.put(bucket_key(band, order, anchors.get(order_cid(order), order)), b"")
             if final:
