@@ -251,7 +251,10 @@ class _Work:
     records: _Records
     bands: _BandKeys
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
-    takes_over: set[bytes] = field(default_factory=set)  # new adds now first among adds after them (§7.6)
+    #: new add -> the adds it is now first among (§7.6), each with the add that was first before (None: itself)
+    takes_over: dict[bytes, list[tuple[bytes, bytes | None]]] = field(default_factory=dict)
+    #: experiences whose votes a takeover folded in place moved itself (`_take_over_in_place`)
+    counted_in_place: set[bytes] = field(default_factory=set)
     placed: dict[bytes, list[bytes]] = field(default_factory=dict)  # component -> the orders of its new operations
     #: new modify or delete -> the applied merges of its target it is concurrent with: it voids them wherever they sort
     voids_merge: dict[bytes, list[bytes]] = field(default_factory=dict)
@@ -554,9 +557,9 @@ class Library:
         if op.kind is Kind.ADD:
             assert op.content is not None
             into, taken = self._absorption(txn, cid, order, op.content.embedding.values, work.bands.of(cid))
-            links = ([into] if into is not None else []) + taken
+            links = ([into] if into is not None else []) + [other for other, _ in taken]
             if taken:
-                work.takes_over.add(cid)
+                work.takes_over[cid] = taken
         for other in links:
             found = txn.get(component_key(other))
             assert found is not None
@@ -564,10 +567,10 @@ class Library:
 
     def _absorption(
         self, txn: Transaction, cid: bytes, order: bytes, values: bytes, bands: list[bytes]
-    ) -> tuple[bytes | None, list[bytes]]:
+    ) -> tuple[bytes | None, list[tuple[bytes, bytes | None]]]:
         """Index a new add by its hash bands, find the earliest earlier add it nearly duplicates, and the later
         adds whose earliest it now is (§7.6); returns the first (None if none) and the second, whose components
-        it joins.
+        it joins, each with its earliest before (None if none).
 
         A bucket is kept in the order of its adds' anchors (`bucket_key`: the clock of an add's F when it was
         indexed, then its own order). An add sorts no earlier than its anchor, so finding the earliest earlier
@@ -628,7 +631,7 @@ class Library:
             current = txn.get(absorbs_key(order_cid(other)))
             if (current is None or self._order(txn, current) > order) and near(other):
                 txn.put(absorbs_key(order_cid(other)), cid)  # this add now sorts first among its near-duplicates
-                taken.append(order_cid(other))
+                taken.append((order_cid(other), current))
         return into, taken
 
     def _join(self, work: _Work, a: bytes, b: bytes) -> bytes:
@@ -684,7 +687,10 @@ class Library:
         # which experience stands for which decides where votes count; one created by this fold had none
         touched = [exp_id for exp_id in records.recent if records.before[exp_id] is not None]
         changed = [
-            exp_id for exp_id in touched if _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
+            exp_id
+            for exp_id in touched
+            if exp_id not in work.counted_in_place
+            and _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
@@ -780,7 +786,9 @@ class Library:
         cid = order_cid(order)
         op = work.fold.operations[cid]
         records, txn = work.records, work.records.txn
-        if op.kind is Kind.ADD and cid not in work.takes_over:
+        if op.kind is Kind.ADD and cid in work.takes_over:
+            return self._take_over_in_place(work, component, cid, op)
+        if op.kind is Kind.ADD:
             txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
             return True
         if op.kind not in (Kind.MODIFY, Kind.DELETE):
@@ -807,6 +815,88 @@ class Library:
         _insert_cid(record.deleted_by, cid)
         records.put(record)
         txn.put(status_key(cid), OpStatus.applied(exp_id).pack())
+        return True
+
+    def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation) -> bool:
+        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts, if all it
+        changes is the name of one experience; False if it may change more (then the component is folded again).
+
+        It does if it is absorbed into no add, exactly one of the adds it takes over, R, was first among its own
+        (stood for an experience), and every other one's chain of earliest adds ended at R. Then every add that
+        resolved to R resolves to the new add, every other one to what it did, and no operation of R's
+        experience sorts before R: the new add's record is R's with its own id, creator and clock (and its text,
+        unless a modify's is visible) and one more supporter, R and the adds taken over are its aliases, and what
+        named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes, the
+        merge R went into, which with the merges after it gains the supporter). A copy of an insight sorting
+        before all its copies, which one peer can sign again and again, folded the 1M workload's largest
+        component again: 1.4-2.0 s for 9,636 operations.
+        """
+        txn, records = work.records.txn, work.records
+        taken = dict(work.takes_over[cid])
+        firsts = [add for add, before in taken.items() if before is None]
+        if txn.get(absorbs_key(cid)) is not None or len(firsts) != 1:
+            return False
+        old = firsts[0]
+        ends: dict[bytes, bytes] = {}  # an add -> the end of its chain of earliest adds before this add
+        for add in taken:
+            chain = []
+            while add not in ends:
+                chain.append(add)
+                before = taken[add] if add in taken else txn.get(absorbs_key(add))
+                if before is None:
+                    ends[add] = add
+                else:
+                    add = before
+            ends.update(dict.fromkeys(chain, ends[add]))
+        if any(ends[add] != old for add in taken):
+            return False
+        record = records.record(old)
+        assert record is not None
+        assert record.alias_of is None or self.meta(txn, record.alias_of.raw).kind is Kind.MERGE, "R stood for itself"
+        first = _new_record(cid, op, support=record.support + 1)
+        first.status, first.alias_of, first.heads = record.status, record.alias_of, record.heads
+        if record.version.raw != old:  # a modify's text is visible, not R's
+            first.version, first.domain = record.version, record.domain
+        first.absorbed, first.deleted_by, first.up, first.down = (
+            record.absorbed,
+            record.deleted_by,
+            record.up,
+            record.down,
+        )
+        _insert_cid(first.absorbed, old)
+        records.put(first)
+        records.put(_alias(old, load_stored(txn.block(old)), cid))
+        for add in taken:
+            if add != old:
+                alias = records.record(add)
+                assert alias is not None and alias.status is Life.ALIAS
+                alias.alias_of = CID(cid)
+                records.put(alias)
+        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
+        for add in taken:
+            txn.put(status_key(add), absorbed)
+        txn.put(status_key(cid), OpStatus.applied(cid).pack())
+        link = first.alias_of
+        while link is not None:  # the merges R's experience went into, each later one taking the one before
+            merge = records.record(link.raw)
+            assert merge is not None
+            if link == first.alias_of:
+                merge.absorbed = _sorted_cids([source.raw for source in merge.absorbed if source.raw != old] + [cid])
+            merge.support += 1
+            records.put(merge)
+            link = merge.alias_of
+        for key, raw in list(txn.scan(counted_prefix(old))):
+            txn.delete(key)
+            txn.put(counted_key(cid, parse_votes_key(key)[1]), raw)
+        work.counted_in_place.update(taken)
+        applied_to_old, applied = OpStatus.applied(old).pack(), OpStatus.applied(cid).pack()
+        for key, _ in txn.scan(component_op_prefix(component)):
+            other = order_cid(parse_component_op_key(key))
+            if (
+                self.meta(txn, other).kind in (Kind.MODIFY, Kind.DELETE)
+                and txn.get(status_key(other)) == applied_to_old
+            ):
+                txn.put(status_key(other), applied)
         return True
 
     def _absorb_late(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:

@@ -189,6 +189,48 @@ def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bou
     at_once.close()
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 8))
+def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, seed, size):
+    """Copies at random clocks with modifies, deletes, votes and merges naming them, one at a time in a random order:
+    a late copy takes over the copies after it with what acts on them. One that only renames an experience is
+    folded where it sorts (`Library._take_over_in_place`), others fold the component again; either way the node
+    holds what one that got them all at once holds."""
+    rng = random.Random(seed)
+    adds = [
+        f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 6), content=f.content(rng.choice(_COPIED))), f.author(i))
+        for i in range(1, size + 1)
+    ]
+    other = f.add(f.SEED_TEXTS[1], f.author(40))
+    blocks = [*adds, other]
+    for number in range(rng.randint(1, 6)):
+        target, key, roll = rng.choice(adds), f.author(50 + number), rng.random()
+        clock = target.op.clock + rng.randint(1, 3)
+        if roll < 0.4:
+            kind, fields = Kind.VOTE, {"target": target.cid, "vote": rng.choice((1, -1))}
+        elif roll < 0.7:
+            kind, fields = (
+                Kind.MODIFY,
+                {"target": target.cid, "content": f.content(f"When {CONTEXTS[number % 4]}, {ACTIONS[number % 4]}.")},
+            )
+        elif roll < 0.85:
+            kind, fields = Kind.DELETE, {"target": target.cid, "reason": "proven incorrect"}
+        else:
+            targets = tuple(sorted((target.cid, other.cid)))
+            kind, fields = Kind.MERGE, {"targets": targets, "content": f.content(f.SEED_TEXTS[2]), "reason": "same"}
+        parents = (target.cid, other.cid) if kind is Kind.MERGE else (target.cid,)
+        blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
+    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"))
+    for block in rng.sample(blocks, len(blocks)):
+        assert one_by_one.submit(block.data).outcome != "invalid"
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
+    assert one_by_one.view().snapshot() == at_once.view().snapshot()
+    assert one_by_one.view().state_root() == at_once.view().state_root()
+    one_by_one.close()
+    at_once.close()
+
+
 def test_a_chain_of_near_duplicates_in_every_order_converges(tmp_path):
     """Near-duplicates that are not all near each other, in all 120 orders. The add at clock 6 shares a bucket with
     those at 3, 5 and 7 (every bucket it shares with the one at 3), and is near them, not the first; that one absorbs

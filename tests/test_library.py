@@ -244,26 +244,74 @@ def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
     node.close()
 
 
-def test_a_late_operation_gives_the_same_state_as_if_it_had_arrived_first(tmp_path):
-    ops = [f.add(f.SEED_TEXTS[i], f.author(i + 1)) for i in range(3)]
-    # a near-duplicate of ops[0] with the same clock that sorts before it: ops[0] must be folded again
-    late = next(
+def _sorting_before(first, **fields):
+    """A copy of SEED_TEXTS[0] at clock 1 from a new author that sorts before `first` (clock 1 too)."""
+    return next(
         block
-        for key in range(9, 60)
-        if (block := f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(key))).cid < ops[0].cid
+        for key in range(60, 120)
+        if (block := f.signed(f.operation(Kind.ADD, clock=1, content=f.content(), **fields), f.author(key))).cid
+        < first.cid
     )
-    tail = [op(Kind.VOTE, key=2, clock=2 + i, parents=[ops[0].cid], target=ops[0].cid, vote=1) for i in range(3)]
-    incremental = open_ledger(tmp_path / "inc")
-    for block in [*ops, *tail]:
-        incremental.submit(block.data)
-    before = incremental.refolded
-    incremental.submit(late.data)
-    assert incremental.refolded > before
-    clean = open_ledger(tmp_path / "clean")
-    clean.ingest([late.data] + [b.data for b in [*ops, *tail]])
-    assert incremental.view().snapshot() == clean.view().snapshot()
-    incremental.close()
-    clean.close()
+
+
+def test_a_late_copy_sorting_first_renames_the_experience_in_place(tmp_path):
+    """A copy that sorts before the first of its copies takes them over (§7.6): the experience they stood for is
+    now the copy's, with its modifies, votes, merge and supporters, and nothing is folded again."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    copies = [f.signed(f.operation(Kind.ADD, clock=2 + i, content=f.content()), f.author(4 + i)) for i in range(2)]
+    modify = op(Kind.MODIFY, key=2, clock=4, parents=[copies[0].cid], target=copies[0].cid, content=f.content(TEXT_B))
+    votes = [
+        op(Kind.VOTE, key=3, clock=4, parents=[copies[1].cid], target=copies[1].cid, vote=1),
+        op(Kind.VOTE, key=6, clock=2, parents=[a.cid], target=a.cid, vote=-1),
+    ]
+    merge = _merge((a, b), clock=6, parents=[a.cid, b.cid, modify.cid])
+    after_merge = f.signed(f.operation(Kind.ADD, clock=7, parents=(merge.cid,), content=f.content()), f.author(8))
+    late = _sorting_before(a)
+    history = [a, b, *copies, modify, *votes, merge, after_merge]
+    node, refolded = _late_then_all_at_once(tmp_path, history, late)
+    assert refolded == 0
+    view = node.view()
+    record = view.experience(late.cid)
+    assert record.absorbed == sorted([a.cid, *(copy.cid for copy in copies)]) and record.support == 4
+    assert record.heads == [modify.cid] and record.alias_of == merge.cid
+    assert view.experience(a.cid).alias_of == late.cid and view.status(a.cid).into == late.cid
+    assert view.status(modify.cid).experience == late.cid
+    merged = view.experience(merge.cid)
+    assert merged.absorbed == sorted([late.cid, b.cid, after_merge.cid]) and merged.support == 6
+    assert (merged.up, merged.down) == (1, 1)
+    node.close()
+
+
+def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes_in_place(tmp_path):
+    a = f.add()
+    copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
+    vote = op(Kind.VOTE, key=3, clock=3, parents=[copy.cid], target=copy.cid, vote=1)
+    delete = op(Kind.DELETE, key=5, clock=3, parents=[a.cid], target=a.cid, reason="wrong")
+    late = _sorting_before(
+        a,
+    )
+    node, refolded = _late_then_all_at_once(tmp_path, [a, copy, vote, delete], late)
+    assert refolded == 0
+    record = node.view().experience(late.cid)
+    assert record.status == "deleted" and record.deleted_by == [delete.cid] and record.up == 1
+    assert node.view().experience(a.cid).up == 0
+    node.close()
+
+
+def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_again(tmp_path):
+    """A copy near the first adds of two experiences (near-duplicates that share no hash band) takes both over,
+    which joins them: more changes than a name, so the component is folded again."""
+    texts = [
+        "When solving geometry problems with intersections, check many the bounds of every region.",
+        "When solving geometry problems with intersections, check the bounds every region.",
+        "When solving geometry problems with intersections, check the all bounds of every region.",
+    ]
+    chain = [f.signed(f.operation(Kind.ADD, clock=3 + i, content=f.content(text)), f.author(i + 1)) for i, text in
+             enumerate(texts)]  # fmt: skip
+    late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content(texts[2])), f.author(9))
+    node, refolded = _late_then_all_at_once(tmp_path, chain, late)
+    assert refolded > 0
+    node.close()
 
 
 def _late_then_all_at_once(tmp_path, history, late, horizon=f.PARAMS.causal_horizon):
