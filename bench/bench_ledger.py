@@ -174,7 +174,8 @@ class _ComponentProbe:
     members: int
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
     takeover: float  # an add with clock 1 repeating one of its adds, first among their copies: it takes them over
-    refolded: int  # the operations such a takeover folds again (median)
+    taken: int  # the adds such a takeover's record lists as absorbed: those it took over and theirs (median)
+    refolded: int  # the operations such a takeover folds again (median): none if it only renames an experience
     after_takeover: float  # then a copy at clock 1 that sorts after those: absorbed into them
     in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
     late_pair: float | None  # a late modify and a late delete of two such members in one batch
@@ -199,7 +200,7 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     free = [m for m in early if not merging[m]]
     # named by a merge that is applied: a delete voids it (one void already would only be reworded)
     named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
-    merges, takeovers, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], []
+    merges, takeovers, taken, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], [], []
     first = (view.clock(early[0]), early[0].raw)  # what a copy must sort before to take the component's copies over
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
@@ -212,6 +213,8 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         before = ledger.refolded
         takeovers.append(_timed(ledger, copy.data))
         refolded.append(ledger.refolded - before)
+        record = ledger.view().experience(copy.cid)
+        taken.append(len(record.absorbed) if record is not None else 0)
         first = (1, copy.cid.raw)
         key = AuthorKey(bytes([115 + round_, probe]) * 16)
         absorbed.append(_timed(ledger, _copy_at_clock_1(original, key, first, before=False).data))
@@ -233,6 +236,7 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         size,
         statistics.median(merges) if merges else None,
         statistics.median(takeovers),
+        int(statistics.median(taken)),
         int(statistics.median(refolded)),
         statistics.median(absorbed),
         {kind: statistics.median(times) for kind, times in in_place.items() if times},
@@ -416,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         merged = f"merge of two roots {probe.merge * 1000:,.1f} ms" if probe.merge is not None else "fewer than 6 roots"
         print(
             f"  at {size:>9,} ops: largest component {probe.members:,} experiences: {merged}, "
-            f"a copy that sorts first {probe.takeover * 1000:,.1f} ms (folds {probe.refolded:,} operations again), "
+            f"a copy that sorts first {probe.takeover * 1000:,.1f} ms (takes over {probe.taken:,} adds, "
+            f"folds {probe.refolded:,} operations again), "
             f"one after it {probe.after_takeover * 1000:,.1f} ms"
         )
         in_place = ", ".join(f"{kind} {seconds * 1000:,.1f} ms" for kind, seconds in probe.in_place.items())
