@@ -139,6 +139,19 @@ class ExperienceRecord:
         fields[3] = Life(fields[3])
         return cls(*fields)
 
+    @staticmethod
+    def realiased(raw: bytes, old: bytes, new: bytes) -> bytes:
+        """The packed record of an alias of `old`, made an alias of `new`, without decoding it: an alias's only link
+        other than its own id and version is `alias_of` (it has no heads, absorbed adds or deletes), and a CID's
+        encoding cannot occur inside a text (its tag's first byte is not valid UTF-8 there)."""
+        was, now = codec.pack(CID(old)), codec.pack(CID(new))
+        if len(was) != len(now) or raw.count(was) != 1:
+            record = ExperienceRecord.unpack(raw)
+            assert record.alias_of == CID(old), "an alias of the old add"
+            record.alias_of = CID(new)
+            return record.pack()
+        return raw.replace(was, now)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": str(self.id),

@@ -13,7 +13,7 @@ from ledger.embedder import pack_float16
 from ledger.ledger import DB_DIR
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
-from ledger.records import OpStatus, Outcome
+from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
 from ledger.store import NETWORK, Store, StoreError
 from tests import factories as f
 from tests.ledgers import open_ledger
@@ -280,6 +280,16 @@ def test_a_late_copy_sorting_first_renames_the_experience_in_place(tmp_path):
     assert merged.absorbed == sorted([late.cid, b.cid, after_merge.cid]) and merged.support == 6
     assert (merged.up, merged.down) == (1, 1)
     node.close()
+
+
+def test_an_alias_made_an_alias_of_another_add_in_its_stored_form_is_the_record_encoded_again():
+    alias = ExperienceRecord(
+        f.add().cid, f.author(2).did, 3, Life.ALIAS, f.add(TEXT_B).cid, f.add().cid, [], "math.geometry", 1
+    )
+    new = f.add(TEXT_C).cid
+    expected = alias.copy()
+    expected.alias_of = new
+    assert ExperienceRecord.realiased(alias.pack(), alias.alias_of.raw, new.raw) == expected.pack()
 
 
 def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes_in_place(tmp_path):

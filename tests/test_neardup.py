@@ -2,6 +2,7 @@
 trivial edits found by it with the real model."""
 
 import hashlib
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -9,7 +10,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.embedder import embedder_for, pack_float16
-from ledger.neardup import _BAND, BANDS, BITS, band_keys, band_keys_of_many, hyperplanes, scaled
+from ledger.neardup import (
+    _BAND,
+    BANDS,
+    BITS,
+    band_keys,
+    band_keys_of_many,
+    exact_cosine_exceeds,
+    exact_cosines_exceed,
+    hyperplanes,
+    scaled,
+)
 from ledger.params import NetworkParams
 
 WORDLLAMA = "wordllama-l2supercat-256-numpy"
@@ -76,6 +87,21 @@ def test_band_keys_of_a_batch_are_each_embeddings_exact_band_keys(embeddings):
     expected = [_exact_band_keys(values, "feature-hash-v1", 256) for values in embeddings]
     assert band_keys_of_many(embeddings, "feature-hash-v1", 256) == expected
     assert [band_keys(values, "feature-hash-v1", 256) for values in embeddings] == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    _embeddings(),
+    st.lists(_embeddings(), max_size=6),
+    st.sampled_from([Fraction(9, 10), Fraction(99, 100), Fraction(1)]),
+)
+def test_cosines_of_many_are_each_pairs_exact_verdict(values, others, threshold):
+    """A takeover tests thousands of adds at once; each verdict must be the pair's exact one (§7.6), also for a copy
+    (cosine 1, on the bound of threshold 1) and the zero vector."""
+    others = [*others, values, bytes(len(values))]
+    assert exact_cosines_exceed(values, others, threshold) == [
+        exact_cosine_exceeds(values, other, threshold) for other in others
+    ]
 
 
 @pytest.mark.parametrize(
