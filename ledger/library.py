@@ -271,8 +271,8 @@ class _Work:
     new: set[bytes] = field(default_factory=set)  # orders of the operations this batch folds
     #: new add -> the adds it is now first among (§7.6), each with the add that was first before (None: itself)
     takes_over: dict[bytes, list[tuple[bytes, bytes | None]]] = field(default_factory=dict)
-    #: experiences whose votes a takeover folded in place moved itself (`_take_over_in_place`)
-    counted_in_place: set[bytes] = field(default_factory=set)
+    #: aliases a takeover folded in place made aliases of the new add: each resolves to what it did, renamed
+    repointed: set[bytes] = field(default_factory=set)
     placed: dict[bytes, list[bytes]] = field(default_factory=dict)  # component -> the orders of its new operations
     #: new modify or delete -> the applied merges of its target it is concurrent with: it voids them wherever they sort
     voids_merge: dict[bytes, list[bytes]] = field(default_factory=dict)
@@ -716,7 +716,7 @@ class Library:
         changed = [
             exp_id
             for exp_id in touched
-            if exp_id not in work.counted_in_place
+            if (again or exp_id not in work.repointed)
             and _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
@@ -884,12 +884,7 @@ class Library:
         first.status, first.alias_of, first.heads = record.status, record.alias_of, record.heads
         if record.version.raw != old:  # a modify's text is visible, not R's
             first.version, first.domain = record.version, record.domain
-        first.absorbed, first.deleted_by, first.up, first.down = (
-            record.absorbed,
-            record.deleted_by,
-            record.up,
-            record.down,
-        )
+        first.absorbed, first.deleted_by = record.absorbed, record.deleted_by
         _insert_cid(first.absorbed, old)
         records.put(first)
         records.put(_alias(old, load_stored(txn.block(old)), cid))
@@ -909,10 +904,11 @@ class Library:
             merge.support += 1
             records.put(merge)
             link = merge.alias_of
-        for key, raw in list(txn.scan(counted_prefix(old))):
-            txn.delete(key)
-            txn.put(counted_key(cid, parse_votes_key(key)[1]), raw)
-        work.counted_in_place.update(taken)
+        # R's counted votes move to what it resolves to after the fold (`_move_counts`: R stood for itself, and
+        # is an alias now), which is the new add unless a merge of this batch took it
+        work.repointed.update(add for add, before in taken.items() if before is not None)
+        if record.alias_of is not None:
+            work.repointed.add(old)
         # only modifies and deletes say they acted on R now (R's status says it is absorbed): no kind need be read
         applied_to_old, applied = OpStatus.applied(old).pack(), OpStatus.applied(cid).pack()
         for key in txn.keys(component_op_prefix(component)):

@@ -308,6 +308,21 @@ def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes
     node.close()
 
 
+def test_a_late_copy_sorting_first_and_a_merge_of_it_in_one_batch_count_the_votes_of_what_it_took_over(tmp_path):
+    """Found by the convergence test: a merge waiting for the copy arrived with it. R's counted votes move to what R
+    resolves to after the fold (the merge), not to the copy, which is an alias when the fold ends."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    vote = op(Kind.VOTE, key=3, clock=2, parents=[a.cid], target=a.cid, vote=1)
+    late = _sorting_before(a)
+    merge = _merge((late, b), clock=5, parents=[late.cid, b.cid])
+    node, refolded = _late_then_all_at_once(tmp_path, [a, vote, b], [merge, late])
+    assert refolded == 0
+    view = node.view()
+    assert view.experience(late.cid).alias_of == merge.cid and view.experience(late.cid).up == 0
+    assert view.experience(merge.cid).up == 1 and view.experience(a.cid).up == 0
+    node.close()
+
+
 def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_again(tmp_path):
     """A copy near the first adds of two experiences (near-duplicates that share no hash band) takes both over,
     which joins them: more changes than a name, so the component is folded again."""
