@@ -168,6 +168,12 @@ def pack(value: Any) -> bytes:
     return cbor2.dumps(value, default=_encode_link)
 
 
+def links(cids: list[CID]) -> list[cbor2.CBORTag]:
+    """CIDs as `pack` encodes them, made in one pass: a popular experience's record lists thousands of absorbed
+    adds, and `pack`'s hook, called once per CID, took 12-33 ms for the 4,928 of the 1M workload's largest."""
+    return [cbor2.CBORTag(CID_TAG, b"\x00" + cid.raw) for cid in cids]
+
+
 def unpack(data: bytes) -> Any:
     """Decode what `pack` wrote (trusted local state: no canonical-form check)."""
     return cbor2.loads(data, tag_hook=_tag_hook)

@@ -853,8 +853,9 @@ class Library:
         resolved to R resolves to the new add, every other one to what it did, and no operation of R's
         experience sorts before R: the new add's record is R's with its own id, creator and clock (and its text,
         unless a modify's is visible) and one more supporter, R and the adds taken over are its aliases, and what
-        named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes, the
-        merge R went into, which with the merges after it gains the supporter). A copy of an insight sorting
+        named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes, moved
+        by the fold as a root's that became an alias, and the merge R went into, which with the merges after it
+        gains the supporter). A copy of an insight sorting
         before all its copies, which one peer can sign again and again, folded the 1M workload's largest
         component again: 1.4-2.0 s for 9,636 operations.
         """
@@ -865,8 +866,8 @@ class Library:
             return False
         old = firsts[0]
         ends: dict[bytes, bytes] = {}  # an add -> the end of its chain of earliest adds before this add
-        for add in taken:
-            chain = []
+        for start in taken:
+            chain, add = [], start
             while add not in ends:
                 chain.append(add)
                 before = taken[add] if add in taken else txn.get(absorbs_key(add))

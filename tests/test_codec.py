@@ -178,3 +178,10 @@ def test_cid_parse_rejects_other_kinds_with_a_clear_error(text):
 def test_cids_order_by_binary_form():
     cids = [CID.for_block(bytes([i])) for i in range(20)]
     assert [c.raw for c in sorted(cids)] == sorted(c.raw for c in cids)
+
+
+@given(st.lists(st.binary(min_size=1, max_size=8), max_size=20))
+def test_links_made_in_one_pass_pack_as_the_cids_do(blocks):
+    cids = [CID.for_block(data) for data in blocks]
+    assert codec.pack(codec.links(cids)) == codec.pack(cids)
+    assert codec.unpack(codec.pack(codec.links(cids))) == cids
