@@ -189,13 +189,14 @@ def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bou
     at_once.close()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 8))
 def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, seed, size):
-    """Copies at random clocks with modifies, deletes, votes and merges naming them, one at a time in a random order:
-    a late copy takes over the copies after it with what acts on them. One that only renames an experience is
-    folded where it sorts (`Library._take_over_in_place`), others fold the component again; either way the node
-    holds what one that got them all at once holds."""
+    """Copies at random clocks with modifies, deletes, votes and merges naming them, in small batches in a random
+    order: a late copy takes over the copies after it with what acts on them, and may come with operations after
+    it (in its batch, or waiting for it). One that only renames an experience is folded where it sorts
+    (`Library._take_over_in_place`), others fold the component again; either way the node holds what one that got
+    them all at once holds."""
     rng = random.Random(seed)
     adds = [
         f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 6), content=f.content(rng.choice(_COPIED))), f.author(i))
@@ -220,14 +221,17 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
             kind, fields = Kind.MERGE, {"targets": targets, "content": f.content(f.SEED_TEXTS[2]), "reason": "same"}
         parents = (target.cid, other.cid) if kind is Kind.MERGE else (target.cid,)
         blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
-    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"))
-    for block in rng.sample(blocks, len(blocks)):
-        assert one_by_one.submit(block.data).outcome != "invalid"
+    in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"))
+    arrival = rng.sample(blocks, len(blocks))
+    while arrival:
+        count = rng.randint(1, 3)
+        batch, arrival = arrival[:count], arrival[count:]
+        assert all(receipt.outcome != "invalid" for receipt in in_batches.ingest([block.data for block in batch]))
     at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
     at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
-    assert one_by_one.view().snapshot() == at_once.view().snapshot()
-    assert one_by_one.view().state_root() == at_once.view().state_root()
-    one_by_one.close()
+    assert in_batches.view().snapshot() == at_once.view().snapshot()
+    assert in_batches.view().state_root() == at_once.view().state_root()
+    in_batches.close()
     at_once.close()
 
 
