@@ -75,29 +75,35 @@ def _late_operations(rng: random.Random, history: list, count: int, keys: int = 
             continue
         target = rng.choice(revisited if revisited and rng.random() < 0.5 else early)
         clock = target.op.clock + 1 + rng.randrange(2)
+        other = None
         if roll < 0.7:
-            fields = {"target": target.cid, "vote": rng.choice((1, -1))}
-            kind = Kind.VOTE
+            kind, text = Kind.VOTE, ""
         elif roll < 0.8:
-            kind, fields = (
-                Kind.MODIFY,
-                {"target": target.cid, "content": f.content(f"When {rng.choice(CONTEXTS)}, {ACTIONS[number % 4]}.")},
-            )
+            kind, text = Kind.MODIFY, f"When {rng.choice(CONTEXTS)}, {ACTIONS[number % 4]}."
         elif roll < 0.9:
-            kind, fields = Kind.DELETE, {"target": target.cid, "reason": "proven incorrect"}
+            kind, text = Kind.DELETE, ""
         else:
             others = [b for b in early if b.cid != target.cid]
             if not others:
                 continue
             other = rng.choice(others)
-            targets = tuple(sorted((target.cid, other.cid)))
             clock = 1 + max(target.op.clock, other.op.clock)
-            kind, fields = (
-                Kind.MERGE,
-                {"targets": targets, "reason": "same", "content": f.content(f"When {CONTEXTS[0]}, merge.")},
-            )
+            kind, text = Kind.MERGE, f"When {CONTEXTS[0]}, merge."
+        fields = _naming(rng, kind, target, text, other)
         late.append(f.signed(f.operation(kind, clock=clock, **fields), key))
     return late
+
+
+def _naming(rng: random.Random, kind: Kind, target, text: str, other=None) -> dict:
+    """The fields of a vote, modify, delete or merge naming `target` (a merge names `other` too; `text` is a
+    modify's or merge's)."""
+    if kind is Kind.VOTE:
+        return {"target": target.cid, "vote": rng.choice((1, -1))}
+    if kind is Kind.MODIFY:
+        return {"target": target.cid, "content": f.content(text)}
+    if kind is Kind.DELETE:
+        return {"target": target.cid, "reason": "proven incorrect"}
+    return {"targets": tuple(sorted((target.cid, other.cid))), "content": f.content(text), "reason": "same"}
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -207,18 +213,9 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
     for number in range(rng.randint(1, 6)):
         target, key, roll = rng.choice(adds), f.author(50 + number), rng.random()
         clock = target.op.clock + rng.randint(1, 3)
-        if roll < 0.4:
-            kind, fields = Kind.VOTE, {"target": target.cid, "vote": rng.choice((1, -1))}
-        elif roll < 0.7:
-            kind, fields = (
-                Kind.MODIFY,
-                {"target": target.cid, "content": f.content(f"When {CONTEXTS[number % 4]}, {ACTIONS[number % 4]}.")},
-            )
-        elif roll < 0.85:
-            kind, fields = Kind.DELETE, {"target": target.cid, "reason": "proven incorrect"}
-        else:
-            targets = tuple(sorted((target.cid, other.cid)))
-            kind, fields = Kind.MERGE, {"targets": targets, "content": f.content(f.SEED_TEXTS[2]), "reason": "same"}
+        kind = Kind.VOTE if roll < 0.4 else Kind.MODIFY if roll < 0.7 else Kind.DELETE if roll < 0.85 else Kind.MERGE
+        text = f.SEED_TEXTS[2] if kind is Kind.MERGE else f"When {CONTEXTS[number % 4]}, {ACTIONS[number % 4]}."
+        fields = _naming(rng, kind, target, text, other)
         parents = (target.cid, other.cid) if kind is Kind.MERGE else (target.cid,)
         blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
     in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"))
