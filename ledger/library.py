@@ -546,9 +546,11 @@ class Library:
     def _place(self, work: _Work, cid: bytes, op: Operation, meta: OpMeta, order: bytes) -> None:
         """Put an operation into its component (joining the components it links), or record it void."""
         txn = work.records.txn
-        for target in meta.targets:
-            # an add or merge void by its clock created no experience: like a vote as target, void wherever it sorts
-            if self.meta(txn, target).kind not in _CREATES or txn.get(component_key(target)) is None:
+        components = [txn.get(component_key(target)) for target in meta.targets]
+        for target, found in zip(meta.targets, components, strict=True):
+            # only a placed add or merge has a component: one void by its clock created no experience, and like a
+            # vote or a modify as target, the operation is void wherever it sorts
+            if found is None:
                 txn.put(status_key(cid), _not_experience(target).pack())
                 return
         if op.kind in _CREATES:
@@ -557,8 +559,8 @@ class Library:
             txn.put(member_key(cid, cid), b"")
             txn.put(component_size_key(cid), u64(1))
         else:
-            found = txn.get(component_key(meta.targets[0]))
-            assert found is not None, "an applied target has been placed"
+            found = components[0]
+            assert found is not None, "checked above"
             component = found
         txn.put(component_op_key(component, order), b"")
         work.new.add(order)
@@ -1039,7 +1041,10 @@ class Library:
         txn, records = work.records.txn, work.records
         assert op.target is not None and op.vote is not None
         target = op.target.raw
-        if self.meta(txn, target).kind not in _CREATES or txn.get(component_key(target)) is None:
+        # an experience's record implies a placed add or merge; without one, only a void merge is kept a vote for
+        # (a fold of its component may apply it). Reading the record first saves two gets of old keys per vote.
+        root = records.resolved(target)
+        if root is None and txn.get(component_key(target)) is None:
             txn.put(status_key(cid), _not_experience(target).pack())
             return
         vote = Vote(op.clock, CID(cid), op.vote)
@@ -1047,7 +1052,6 @@ class Library:
         raw = txn.get(key)
         if raw is None or vote.later_than(Vote.unpack(raw)):
             txn.put(key, vote.pack())
-        root = records.resolved(target)
         if root is None:  # a merge that is void created no experience
             txn.put(status_key(cid), _not_experience(target).pack())
             return
