@@ -840,6 +840,9 @@ class Library:
         # E's modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
         if not deleted_before and any(self._order(txn, head.raw) > order for head in record.heads):
             self._heads_before(records, record, self._modifies_on(txn, component, exp_id), order)
+            # a copy: `_add_head` may have put this object, and changing the object put hides the change from the
+            # domain index (the deleted experience kept its key; found by a review)
+            record = record.copy()
         record.status = Life.DELETED
         _insert_cid(record.deleted_by, cid)
         records.put(record)

@@ -373,6 +373,7 @@ def test_a_late_delete_voids_the_modifies_after_it_without_a_refold(tmp_path):
     record = node.view().experience(a.cid)
     assert record.status == "deleted" and record.heads == [first.cid] and record.version == first.cid
     assert node.view().status(second.cid).code == "superseded.deleted"
+    assert a.cid not in node.view().live_ids("math")  # the domain index dropped it (a review found it kept)
     node.close()
 
 
