@@ -860,9 +860,8 @@ class Library:
         unless a modify's is visible) and one more supporter, R and the adds taken over are its aliases, and what
         named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes, moved
         by the fold as a root's that became an alias, and the merge R went into, which with the merges after it
-        gains the supporter). A copy of an insight sorting
-        before all its copies, which one peer can sign again and again, folded the 1M workload's largest
-        component again: 1.4-2.0 s for 9,636 operations.
+        gains the supporter). A copy of an insight sorting before all its copies, which one peer can sign again
+        and again, folded the 1M workload's largest component again: 1.4-2.0 s for 9,636 operations.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
@@ -894,11 +893,11 @@ class Library:
         _insert_cid(first.absorbed, old)
         records.put(first)
         records.put(_alias(old, load_stored(txn.block(old)), cid))
+        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
         for add, before in taken.items():
             if before is not None:
                 records.realias(add, before, cid)
-        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
-        for add in taken:
+                work.repointed.add(add)
             txn.put(status_key(add), absorbed)
         txn.put(status_key(cid), OpStatus.applied(cid).pack())
         link = first.alias_of
@@ -912,7 +911,6 @@ class Library:
             link = merge.alias_of
         # R's counted votes move to what it resolves to after the fold (`_move_counts`: R stood for itself, and
         # is an alias now), which is the new add unless a merge of this batch took it
-        work.repointed.update(add for add, before in taken.items() if before is not None)
         if record.alias_of is not None:
             work.repointed.add(old)
         # only modifies and deletes say they acted on R now (R's status says it is absorbed): no kind need be read
