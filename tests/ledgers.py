@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from pathlib import Path
 
 from ledger.cid import CID
 from ledger.ledger import Ledger
 from ledger.ops import Block, Kind
+from ledger.store import (
+    BLOCK,
+    BUCKET,
+    BY_AUTHOR,
+    COMPONENT,
+    COMPONENT_OP,
+    COMPONENT_SIZE,
+    LOG,
+    MEMBER,
+    META,
+    NODE,
+    SEQ,
+)
 from tests import factories as f
 
 CONTEXTS = (
@@ -30,6 +44,26 @@ ACTIONS = (
 def open_ledger(path: Path, causal_horizon: int = f.PARAMS.causal_horizon) -> Ledger:
     """A ledger of the test network; a small `causal_horizon` makes operations a few clock levels apart ordered."""
     return Ledger.open(path, dataclasses.replace(f.PARAMS, causal_horizon=causal_horizon))
+
+
+#: tables whose contents depend on what this node saw and when, not only on the set of operations: its log and
+#: Merkle tree (arrival order), block locations, metadata; components, which a node joins and never splits
+#: (PROTOCOL.md §7.5); and bucket anchor clocks, which may be stale (§7.6)
+_NODE_LOCAL_TABLES = (META, BLOCK, SEQ, LOG, NODE, BY_AUTHOR, COMPONENT, MEMBER, COMPONENT_OP, COMPONENT_SIZE, BUCKET)
+
+
+def converged_state(ledger: Ledger) -> tuple:
+    """What nodes holding the same set of operations must agree on: the snapshot, the state root, and every
+    table the fold derives (records, domain index, statuses, votes, absorption, heads...), one digest per table.
+
+    The snapshot alone misses a wrong derived table that no snapshot reads, such as a stale domain index entry.
+    """
+    rows: dict[bytes, list[bytes]] = {}
+    for key, value in ledger.store.scan(b""):
+        if key[:1] not in _NODE_LOCAL_TABLES:
+            rows.setdefault(key[:1], []).append(len(key).to_bytes(4, "big") + key + value)
+    tables = tuple((table.decode(), hashlib.sha256(b"|".join(rows[table])).hexdigest()) for table in sorted(rows))
+    return ledger.view().snapshot(), ledger.view().state_root(), tables
 
 
 def random_history(rng: random.Random, size: int, authors: int = 3) -> list[Block]:

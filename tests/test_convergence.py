@@ -11,7 +11,7 @@ from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
 from ledger.store import BUCKET, absorbs_key, order_cid, u64
 from tests import factories as f
-from tests.ledgers import ACTIONS, CONTEXTS, open_ledger, random_history
+from tests.ledgers import ACTIONS, CONTEXTS, converged_state, open_ledger, random_history
 
 
 def _deliveries(rng: random.Random, blocks: list, count: int) -> list[list[list[bytes]]]:
@@ -49,9 +49,9 @@ def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_fa
             outcomes = ledger.ingest(batch)
             assert all(o.outcome != "invalid" for o in outcomes), [o.errors for o in outcomes]
         assert ledger.view().pending() == [] and ledger.view().missing() == set()
-        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        results.add(converged_state(ledger))
         ledger.rebuild_library()
-        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        results.add(converged_state(ledger))
         ledger.close()
     assert len(results) == 1
 
@@ -125,8 +125,7 @@ def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, s
     rng.shuffle(everything)
     at_once = open_ledger(tmp_path_factory.mktemp("at_once"), horizon)
     at_once.ingest(everything)
-    assert incremental.view().snapshot() == at_once.view().snapshot()
-    assert incremental.view().state_root() == at_once.view().state_root()
+    assert converged_state(incremental) == converged_state(at_once)
     incremental.close()
     at_once.close()
 
@@ -150,7 +149,7 @@ def test_near_duplicate_adds_in_every_order_converge(tmp_path):
         ledger = open_ledger(tmp_path / f"n{number}")
         for block in [*order, vote, delete]:
             ledger.submit(block.data)
-        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        results.add(converged_state(ledger))
         ledger.close()
     assert len(results) == 1
 
@@ -184,8 +183,7 @@ def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bou
         assert one_by_one.submit(block.data).outcome != "invalid"
     at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
     at_once.ingest([block.data for block in rng.sample(adds, len(adds))])
-    assert one_by_one.view().snapshot() == at_once.view().snapshot()
-    assert one_by_one.view().state_root() == at_once.view().state_root()
+    assert converged_state(one_by_one) == converged_state(at_once)
     view = one_by_one.view()
     for key, _ in one_by_one.store.scan(BUCKET):
         anchor, order = key[1 + BAND_KEY_SIZE : 9 + BAND_KEY_SIZE], key[9 + BAND_KEY_SIZE :]
@@ -226,8 +224,7 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
         assert all(receipt.outcome != "invalid" for receipt in in_batches.ingest([block.data for block in batch]))
     at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
     at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
-    assert in_batches.view().snapshot() == at_once.view().snapshot()
-    assert in_batches.view().state_root() == at_once.view().state_root()
+    assert converged_state(in_batches) == converged_state(at_once)
     in_batches.close()
     at_once.close()
 
@@ -254,7 +251,7 @@ def test_a_chain_of_near_duplicates_in_every_order_converges(tmp_path):
         for block in order:
             ledger.submit(block.data)
         assert ledger.view().status(adds[3].cid).into == adds[1].cid
-        results.add((ledger.view().snapshot(), ledger.view().state_root()))
+        results.add(converged_state(ledger))
         ledger.close()
     assert len(results) == 1
 
@@ -314,7 +311,6 @@ def test_merges_voided_by_operations_arriving_one_at_a_time_converge(tmp_path_fa
     at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
     at_once.ingest([block.data for block in blocks])
     assert one_by_one.view().pending() == []
-    assert one_by_one.view().snapshot() == at_once.view().snapshot()
-    assert one_by_one.view().state_root() == at_once.view().state_root()
+    assert converged_state(one_by_one) == converged_state(at_once)
     one_by_one.close()
     at_once.close()
