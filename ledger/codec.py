@@ -168,10 +168,38 @@ def pack(value: Any) -> bytes:
     return cbor2.dumps(value, default=_encode_link)
 
 
-def links(cids: list[CID]) -> list[cbor2.CBORTag]:
-    """CIDs as `pack` encodes them, made in one pass: a popular experience's record lists thousands of absorbed
-    adds, and `pack`'s hook, called once per CID, took 12-33 ms for the 4,928 of the 1M workload's largest."""
-    return [cbor2.CBORTag(CID_TAG, b"\x00" + cid.raw) for cid in cids]
+def _head(major: int, length: int) -> bytes:
+    """A CBOR item's head with the shortest length, as cbor2 writes it."""
+    if length < 24:
+        return bytes([major << 5 | length])
+    for extra, size in ((24, 1), (25, 2), (26, 4)):
+        if length < 1 << (8 * size):
+            return bytes([major << 5 | extra]) + length.to_bytes(size, "big")
+    return bytes([major << 5 | 27]) + length.to_bytes(8, "big")
+
+
+#: the bytes before a CID's raw bytes in `pack`'s output, by the CID's length: tag 42, then a byte string of
+#: the identity multibase 0x00 and the CID
+_LINK_HEADS = {size: b"\xd8\x2a" + _head(2, size + 1) + b"\x00" for size in range(34, 72)}
+
+
+def pack_link(cid: CID | None) -> bytes:
+    """What `pack` writes for one CID (or None)."""
+    if cid is None:
+        return b"\xf6"
+    raw = cid.raw
+    return (_LINK_HEADS.get(len(raw)) or b"\xd8\x2a" + _head(2, len(raw) + 1) + b"\x00") + raw
+
+
+def pack_links(cids: list[CID]) -> bytes:
+    """What `pack` writes for a list of CIDs, assembled as bytes: a popular experience's record lists thousands of
+    absorbed adds, and cbor2 encoding each as a tag took 7 ms for the 4,928 of the 1M workload's largest."""
+    return _head(4, len(cids)) + b"".join([pack_link(cid) for cid in cids])
+
+
+def pack_array(items: list[bytes]) -> bytes:
+    """What `pack` writes for a list, from the packed forms of its items."""
+    return _head(4, len(items)) + b"".join(items)
 
 
 def unpack(data: bytes) -> Any:

@@ -180,8 +180,13 @@ def test_cids_order_by_binary_form():
     assert [c.raw for c in sorted(cids)] == sorted(c.raw for c in cids)
 
 
-@given(st.lists(st.binary(min_size=1, max_size=8), max_size=20))
-def test_links_made_in_one_pass_pack_as_the_cids_do(blocks):
+@given(st.lists(st.binary(min_size=1, max_size=8), max_size=300), st.booleans())
+def test_links_assembled_as_bytes_pack_as_the_cids_do(blocks, none):
+    """Every length of list head up to two bytes (23, 24, 255, 256 items), and None for a missing link."""
     cids = [CID.for_block(data) for data in blocks]
-    assert codec.pack(codec.links(cids)) == codec.pack(cids)
-    assert codec.unpack(codec.pack(codec.links(cids))) == cids
+    assert codec.pack_links(cids) == codec.pack(cids)
+    assert codec.unpack(codec.pack_links(cids)) == cids
+    link = None if none or not cids else cids[0]
+    assert codec.pack_link(link) == codec.pack(link)
+    items = [codec.pack(len(cids)), codec.pack_links(cids), codec.pack_link(link)]
+    assert codec.pack_array(items) == codec.pack([len(cids), cids, link])

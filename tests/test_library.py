@@ -6,15 +6,19 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bench.workload import operations
 from ledger import codec
+from ledger.cid import CID
 from ledger.embedder import pack_float16
 from ledger.ledger import DB_DIR
+from ledger.library import _LargeRecords
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
-from ledger.store import NETWORK, Store, StoreError
+from ledger.store import NETWORK, Store, StoreError, experience_key
 from tests import factories as f
 from tests.ledgers import converged_state, open_ledger
 
@@ -290,6 +294,66 @@ def test_an_alias_made_an_alias_of_another_add_in_its_stored_form_is_the_record_
     expected = alias.copy()
     expected.alias_of = new
     assert ExperienceRecord.realiased(alias.pack(), alias.alias_of.raw, new.raw) == expected.pack()
+
+
+_TEXTS = st.text(max_size=40)
+_COUNTS = st.integers(0, 2**64 - 1)
+_CIDS = st.lists(st.binary(min_size=1, max_size=4).map(CID.for_block), max_size=30)
+
+
+@given(
+    st.tuples(_CIDS, _TEXTS, _COUNTS, st.sampled_from(Life), st.booleans(), _CIDS, _TEXTS, _COUNTS, _CIDS, _CIDS),
+    st.tuples(_COUNTS, _COUNTS),
+)
+def test_a_record_assembled_field_by_field_packs_as_its_fields_do(fields, votes):
+    ids, creator, clock, life, aliased, heads, domain, support, absorbed, deleted_by = fields
+    exp_id = CID.for_block(b"id")
+    alias_of = CID.for_block(b"alias") if aliased else None
+    record = ExperienceRecord(
+        exp_id, creator, clock, life, alias_of, ids[0] if ids else exp_id, heads, domain, support, absorbed,
+        deleted_by, *votes,
+    )  # fmt: skip
+    fields = [exp_id, creator, clock, life.value, alias_of, record.version, heads, domain, support, absorbed]
+    assert record.pack() == codec.pack([*fields, deleted_by, *votes])
+    assert ExperienceRecord.unpack(record.pack()) == record
+
+
+def test_a_large_record_kept_decoded_is_used_only_for_its_own_bytes():
+    many = [CID.for_block(i.to_bytes(2, "big")) for i in range(600)]
+    record = ExperienceRecord(many[0], f.author(1).did, 1, Life.LIVE, None, many[0], [], "math", 600, many)
+    raw = record.pack()
+    assert len(raw) >= _LargeRecords.MIN_SIZE
+    kept = _LargeRecords()
+    first = kept.unpack(record.id.raw, raw)
+    first.absorbed.pop()  # the caller changes its own copy
+    assert kept.unpack(record.id.raw, raw) == record
+    changed = record.copy()
+    changed.support = 601
+    assert kept.unpack(record.id.raw, changed.pack()) == changed  # other bytes (a batch that failed): decoded
+    assert kept.unpack(record.id.raw, raw) == record
+
+
+def test_hundreds_of_copies_folded_batch_by_batch_hold_what_a_node_given_them_at_once_holds(tmp_path):
+    """The copies' record outgrows `_LargeRecords.MIN_SIZE`: later batches use its kept decoded form."""
+    copies = [
+        f.signed(f.operation(Kind.ADD, clock=1 + i // 200, content=f.content()), f.author(10 + i % 200))
+        for i in range(480)
+    ]
+    votes = [op(Kind.VOTE, key=3 + i, clock=4, target=copies[i * 40].cid, vote=1) for i in range(6)]
+    batched, at_once = open_ledger(tmp_path / "batched"), open_ledger(tmp_path / "at_once")
+    blocks = [*copies, *votes]
+    for start in range(0, len(blocks), 40):
+        assert all(r.outcome != "invalid" for r in batched.ingest([b.data for b in blocks[start : start + 40]]))
+    at_once.ingest([b.data for b in reversed(blocks)])
+    first = min(copies, key=lambda block: (block.op.clock, block.cid.raw))
+    raw = batched.store.get(experience_key(first.cid.raw))
+    assert raw is not None and len(raw) >= _LargeRecords.MIN_SIZE
+    assert batched.view().experience(first.cid).support == 480
+    assert converged_state(batched) == converged_state(at_once)
+    batched.rebuild_library()
+    assert converged_state(batched) == converged_state(at_once)
+    batched.close()
+    at_once.close()
 
 
 def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes_in_place(tmp_path):
