@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.embedder import (
@@ -108,6 +108,27 @@ def test_directions_point_where_the_embeddings_point(embedder):
     for vector, direction in zip(embedder.embed(texts), embedder.directions(texts), strict=True):
         assert np.allclose(unit(np.asarray(direction, dtype=np.float64)), vector, atol=1e-6)
         assert within_distance(pack_float16(vector), direction, Fraction(1, 500))
+
+
+def _integer_sum(table: np.ndarray, rows: np.ndarray) -> list[int]:
+    """The rows made integers (scaled by 2^24), then summed: int64 holds every sum below 2^63."""
+    return (table[rows].astype(np.float64) * (1 << 24)).astype(np.int64).sum(axis=0).tolist()
+
+
+@settings(deadline=None)  # the first example loads the model
+@given(st.lists(st.integers(0, 31999), max_size=300), st.sampled_from([1, 50]))
+def test_directions_are_the_exact_sums_of_the_scaled_rows(ids, repeat):
+    """The pinned model's directions, summed in float64, equal the rows made integers first and summed as such
+    (up to 15,000 tokens, the largest values of the table among them)."""
+    model = embedder_for(NetworkParams())
+    table = model._table16
+    largest = [int(i) for i in np.argsort(np.abs(table.astype(np.float32)).max(axis=1))[-3:]]
+    rows = np.asarray((ids + largest) * repeat, dtype=np.intp)
+    assert (table[rows].sum(axis=0, dtype=np.float64) * (1 << 24)).astype(np.int64).tolist() == _integer_sum(
+        table, rows
+    )
+    text = " ".join(model._tokenizer.id_to_token(i) or "" for i in ids[:20])
+    assert model.directions([text]) == [_integer_sum(table, ids) for ids in model._token_ids([text])]
 
 
 @given(
