@@ -73,6 +73,10 @@ U64 = struct.Struct(">Q")
 _MAX_U64 = (1 << 64) - 1
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
 _SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, BUCKET))
+#: key bytes that name the group a transaction keeps a table's written keys sorted in, where not the tag alone:
+#: a batch writes ~8,000 bucket keys at 1M, and inserting each into one sorted list took ~11 us per operation,
+#: but a transaction scans one bucket at a time
+_GROUP_LENGTH = {BUCKET[0]: 1 + BAND_KEY_SIZE}
 
 FORMAT_KEY = META + b"format"
 LOG_SIZE = META + b"log_size"
@@ -701,8 +705,8 @@ class Transaction:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._writes: dict[bytes, bytes | None] = {}
-        #: per table tag, the sorted keys written in this transaction (for merged scans)
-        self._sorted: dict[int, list[bytes]] = {}
+        #: per table tag (or group, `_GROUP_LENGTH`), the sorted keys written in this transaction (for merged scans)
+        self._sorted: dict[bytes, list[bytes]] = {}
         self._appender = store.blocks.appender()
         self._blocks: dict[bytes, bytes] = {}  # the operations this transaction stores, by CID
 
@@ -731,7 +735,7 @@ class Transaction:
         if value is not None and self._store.key_filter is not None:
             self._store.key_filter.add(key)
         if key not in self._writes and key[0] in _SCANNABLE:
-            bisect.insort(self._sorted.setdefault(key[0], []), key)
+            bisect.insort(self._sorted.setdefault(key[: _GROUP_LENGTH.get(key[0], 1)], []), key)
         self._writes[key] = value
 
     def delete(self, key: bytes) -> None:
@@ -776,7 +780,10 @@ class Transaction:
         """The keys this transaction wrote (or deleted) in a scan's range, in key order."""
         if prefix[0] not in _SCANNABLE:
             raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
-        keys = self._sorted.get(prefix[0], [])
+        group = _GROUP_LENGTH.get(prefix[0], 1)
+        if len(prefix) < group:
+            raise ValueError(f"table {prefix[:1]!r} is scannable inside a transaction by {group - 1}-byte groups only")
+        keys = self._sorted.get(prefix[:group], [])
         return keys[bisect.bisect_left(keys, start or prefix) : bisect.bisect_left(keys, prefix_end(prefix))]
 
     def commit(self) -> None:
