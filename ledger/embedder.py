@@ -247,3 +247,8 @@ def pack_float16(vector: np.ndarray) -> bytes:
 def unpack_float16(values: bytes) -> np.ndarray:
     """The float32 vector of a packed float16 embedding."""
     return np.frombuffer(values, dtype="<f2").astype(np.float32)
+
+
+def unpack_float16_rows(packed: Sequence[bytes]) -> np.ndarray:
+    """Packed float16 embeddings of one length (at least one) as float32 rows, converted in one step."""
+    return np.frombuffer(b"".join(packed), dtype="<f2").reshape(len(packed), -1).astype(np.float32)

@@ -19,7 +19,7 @@ from ledger.embedder import unpack_float16
 from ledger.index import INDEX_FILE, META_FILE, hnsw
 from ledger.ops import Kind
 from tests import factories as f
-from tests.ledgers import open_ledger, random_history
+from tests.ledgers import CONTEXTS, open_ledger, random_history
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +64,85 @@ def test_search_right_after_a_batch_covers_what_the_index_thread_has_not_inserte
         assert best == found[:1]
         assert ledger.nearest(query, 0) == []
         assert ledger.live_count() == len(live)
+    ledger.close()
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "hnsw"])
+@pytest.mark.parametrize("seed", [0, 1, 4, 5])  # histories that change an indexed experience while queued
+def test_a_backlog_the_index_has_not_taken_in_is_searched_exactly(tmp_path, graph, seed):
+    """Batches stay queued until the index takes them in (here on the test's thread, after a random few): a search
+    leaves out what the index holds for an experience with a queued change, in exact search and in the graph
+    alike, and scores the queued vectors, which are kept as batches are queued and taken in."""
+    rng = random.Random(seed)
+    blocks = random_history(rng, 120)
+    rng.shuffle(blocks)
+    ledger = open_ledger(tmp_path / "node")
+    if graph:
+        ledger._index._exact_limit, ledger._index._exact = 0, None
+    ledger._feeding = True  # the writer starts no index thread
+
+    def check() -> None:
+        view, live = ledger.view(), _live(ledger)
+        vectors = {
+            exp_id: unpack_float16(view.content(view.experience(CID(exp_id)).version).embedding.values)
+            for exp_id in live
+        }
+        queued = {exp_id for exp_id, change in ledger._unindexed.items() if change is not None}
+        assert set(ledger._queued_rows.ids()) == queued
+        query = np.ones(ledger.params.embedding_dim, dtype=np.float32)
+        found = ledger.nearest(query, len(live) + 3)
+        assert sorted(cid.raw for cid, _ in found) == sorted(live)
+        for cid, score in found:
+            vector = vectors[cid.raw]
+            expected = float(vector @ query / (np.linalg.norm(vector) * np.linalg.norm(query)))
+            assert score == pytest.approx(expected, abs=2e-3)
+        assert ledger.nearest(query, 1) == found[:1]
+
+    stale = 0  # searches made while the index held an experience whose change was queued
+    for start in range(0, len(blocks), 5):
+        ledger.ingest([b.data for b in blocks[start : start + 5]])
+        stale += any(exp_id in ledger._index for exp_id in ledger._unindexed)
+        check()
+        if rng.random() < 0.5:
+            ledger._feed()  # the index thread's work, until the backlog is empty
+            ledger._feeding = True
+            assert not ledger._unindexed and not len(ledger._queued_rows)
+            check()
+    assert stale, "no search had to leave out a stale entry of the index"
+    ledger._feed()
+    ledger.close()
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "hnsw"])
+def test_an_experience_changed_again_while_queued_is_scored_once_by_its_latest_vector(tmp_path, graph):
+    """An indexed experience modified twice, and another deleted, while their batches wait for the index: a search
+    answers each live experience once, with the vector of its latest version, and none that is gone."""
+    ledger = open_ledger(tmp_path / "node")
+    if graph:
+        ledger._index._exact_limit, ledger._index._exact = 0, None
+    ledger._feeding = True  # the writer starts no index thread; the test takes the backlog in
+    texts = [f"When {context}, check the boundary cases separately." for context in CONTEXTS[:4]]
+    adds = [f.signed(f.operation(Kind.ADD, content=f.content(text)), f.author(1)) for text in texts]
+    ledger.ingest([block.data for block in adds])
+    ledger._feed()
+    ledger._feeding = True
+    target, gone = adds[0].cid, adds[1].cid
+    edits = [f"When {CONTEXTS[5]}, {action}." for action in ("draw the configuration first", "try small cases")]
+    first = f.signed(f.operation(Kind.MODIFY, clock=2, parents=(target,), target=target, content=f.content(edits[0])))
+    ledger.ingest([first.data])
+    second = f.signed(
+        f.operation(Kind.MODIFY, clock=3, parents=(first.cid,), target=target, content=f.content(edits[1]))
+    )
+    delete = f.signed(f.operation(Kind.DELETE, clock=2, parents=(gone,), target=gone, reason="proven incorrect"))
+    ledger.ingest([second.data, delete.data])
+    assert ledger._backlog and ledger.view().experience(target).version == second.cid
+    query = unpack_float16(f.content(edits[1]).embedding.values)
+    found = ledger.nearest(query, 10)
+    assert [cid for cid, _ in found].count(target) == 1 and gone not in [cid for cid, _ in found]
+    assert found[0][0] == target and found[0][1] == pytest.approx(1.0, abs=1e-3)
+    assert len(found) == 3 and sorted(ledger._queued_rows.ids()) == [target.raw]
+    ledger._feed()  # the graph scores its int8 vectors: the same experiences, nearly the same scores
+    assert {cid for cid, _ in ledger.nearest(query, 10)} == {cid for cid, _ in found}
     ledger.close()
 
 
