@@ -288,7 +288,7 @@ class Batch:
         """Write everything in one synced LevelDB write; returns the state the writer carries on with."""
         generation = self.base.generation + (1 if self.fold is not None and self.fold.changed else 0)
         self.txn.put(GENERATION, u64(generation))
-        self.txn.commit()
+        self.txn.commit(self._pause)
         return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending)
 
     def _applied(self, cid: bytes) -> bool:
@@ -320,6 +320,7 @@ class Batch:
         meta = self._library.meta
         named = {parent for cid in applied for parent in meta(self.txn, cid).parents}
         for parent in named:
+            self._pause()
             self.txn.delete(head_key(meta(self.txn, parent).clock, parent))
         for cid in applied:
             if cid not in named:

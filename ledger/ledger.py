@@ -308,7 +308,7 @@ class Ledger:
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
-            signatures = SignatureChecks(len(submissions))
+            signatures = SignatureChecks(len(submissions), self.reads.pause)
             checked = triage(submissions, self.params, self.store, signatures, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
             inconsistent = check_embeddings(new, self.embedder, self.params, self.reads.pause)  # signatures meanwhile

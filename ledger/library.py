@@ -274,9 +274,10 @@ class _Records:
                 self.txn.delete(by_domain_key(old.domain, exp_id))
         self._current[exp_id] = None
 
-    def flush(self) -> None:
-        """Write every record changed since the last flush into the transaction."""
+    def flush(self, pause: Callable[[], None] = NEVER.pause) -> None:
+        """Write every record changed since the last flush into the transaction (`pause()` between records)."""
         for exp_id in sorted(self._dirty):
+            pause()
             found = self._current[exp_id]
             if found is None:
                 self.txn.put(experience_key(exp_id), None)
@@ -583,8 +584,9 @@ class Library:
         self._reword(work)
         self._publish_changes(work)
         for cid, op in votes:
+            pause()
             self._count_vote(work, cid, op)
-        work.records.flush()
+        work.records.flush(pause)
         return work.fold
 
     # --- components (§7.5) -------------------------------------------------------------------------

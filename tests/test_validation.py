@@ -1,5 +1,7 @@
 """Every stateless rule: one operation that passes it and one that breaks it, with the error code."""
 
+import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -10,7 +12,16 @@ from ledger.cid import CID
 from ledger.embedder import embedder_for, pack_float16
 from ledger.ops import Embedding, Example, Kind
 from ledger.params import NetworkParams
-from ledger.validation import check_embeddings, check_text, count_tokens, examine, validate
+from ledger.priority import ReadPriority
+from ledger.validation import (
+    _THREADED_BATCH,
+    SignatureChecks,
+    check_embeddings,
+    check_text,
+    count_tokens,
+    examine,
+    validate,
+)
 from tests import factories as f
 
 PARAMS = f.PARAMS
@@ -240,3 +251,37 @@ def test_the_embedding_check_lets_reads_go_first_between_chunks_and_finds_every_
     assert set(found) == {blocks[index].cid.raw for index in forged}
     assert {error.code for error in found.values()} == {"embedding.inconsistent"}
     assert len(pauses) >= 3  # 40 texts: at least one pause per 16
+
+
+def test_the_signature_workers_give_way_to_a_read_in_flight() -> None:
+    """The ledger-verify threads call pause() between signatures, as the writer does between operations: while a
+    read is in flight no chunk of signatures is done (two of them beside the writer left a query on 2 cores a third
+    of a core); once it ends every verdict comes."""
+    priority = ReadPriority(longest=60)
+    blocks = [
+        f.signed(f.operation(Kind.ADD, content=f.content(f"When checking case {n}, verify the bounds.")))
+        for n in range(_THREADED_BATCH)
+    ]
+    release, paused_in_worker = threading.Event(), threading.Event()
+
+    def read() -> None:
+        with priority.reading():
+            release.wait(60)
+
+    def pause() -> None:
+        if threading.current_thread().name.startswith("ledger-verify") and priority.reading_now:
+            paused_in_worker.set()
+        priority.pause()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    while not priority.reading_now:
+        time.sleep(0.001)
+    checks = SignatureChecks(len(blocks), pause)
+    for block in blocks:
+        checks.add(block)
+    assert paused_in_worker.wait(30), "no worker paused for the read"
+    assert not any(future.done() for future in checks._futures)
+    release.set()
+    reader.join(30)
+    assert list(checks.verdicts().values()) == [None] * len(blocks)
