@@ -56,7 +56,7 @@ def test_bytes_a_crash_left_past_the_recorded_end_are_cut_away(tmp_path, monkeyp
     ledger.ingest([b.data for b in BLOCKS[:80]])
     failing = store_module.Store._apply
 
-    def crash(self, puts):
+    def crash(self, puts, pause=None):
         raise OSError("the process died before the database write")
 
     monkeypatch.setattr(store_module.Store, "_apply", crash)
