@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: creates .venv if needed, installs the project with its dev tools,
-# then runs the linter and the whole test suite. Extra arguments go to pytest.
+# then runs the linter and the whole test suite, one test file per worker on every core (at most 4:
+# the daemon tests start processes of their own). Extra arguments go to pytest (`-n 0`: one process).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,4 +16,4 @@ echo "ruff"
 .venv/bin/ruff format --check .
 
 echo "pytest"
-.venv/bin/pytest "$@"
+.venv/bin/pytest --numprocesses=auto --maxprocesses=4 --dist=loadfile "$@"
