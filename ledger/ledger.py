@@ -342,7 +342,8 @@ class Ledger:
                     assert item.cid is not None
                     verdict = Verdict.IGNORED if item.ignored else Verdict.ACCEPTED
                     status = view.status(item.cid)
-                    kind = item.kind or view.kind(item.cid)
+                    # an ignored one was stored before: the library's cache may answer (`view.kind` reads)
+                    kind = item.kind or self.library.meta(self._snapshot, item.cid.raw).kind
                     receipts.append(Receipt(item.cid, verdict, status, source=source, kind=kind))
             return receipts
 

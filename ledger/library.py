@@ -372,7 +372,8 @@ class Library:
     def __init__(self, params: NetworkParams) -> None:
         self._params = params
         self._threshold = Fraction(params.near_duplicate_cosine)
-        # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it.
+        # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it
+        # (so it may know operations a view does not: a CID from outside a view is looked up past it).
         # They are plain tuples of ints and bytes, which the garbage collector stops tracking: 20,000
         # objects fewer for every full collection to visit (a pause of every thread, queries included).
         self._meta: dict[bytes, _PlainMeta] = {}
@@ -381,8 +382,10 @@ class Library:
 
     # --- reading -----------------------------------------------------------------------------
 
-    def meta(self, view: ReadView, cid_raw: bytes) -> OpMeta:
-        found = self._meta.get(cid_raw)
+    def meta(self, view: ReadView, cid_raw: bytes, cached: bool = True) -> OpMeta:
+        """An operation's clock, kind, parents and targets. From the cache, which the writer fills as it folds,
+        unless `cached` is False: then only if `view` holds the operation (for a CID from outside the view)."""
+        found = self._meta.get(cid_raw) if cached else None
         if found is None:
             raw = view.get(opmeta_key(cid_raw))
             if raw is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from ledger.cid import CID
 from ledger.keys import AuthorKey
-from ledger.library import Library
+from ledger.library import Library, OpMeta
 from ledger.merkle import MerkleLog, ProofError, TreeHead
 from ledger.ops import Block, Experience, Kind, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
@@ -130,10 +130,15 @@ class LedgerView:
         return [CID(cid_of_head_key(key)) for key, _ in keys]
 
     def clock(self, cid: CID) -> int:
-        return self._library.meta(self._view, cid.raw).clock
+        return self._held_meta(cid).clock
 
     def kind(self, cid: CID) -> Kind:
-        return self._library.meta(self._view, cid.raw).kind
+        return self._held_meta(cid).kind
+
+    def _held_meta(self, cid: CID) -> OpMeta:
+        """The metadata of an operation this view holds (KeyError if none): the library's cache also holds
+        operations committed after the view and ones the writer is folding now."""
+        return self._library.meta(self._view, cid.raw, cached=False)
 
     def parents_and_clock(self, targets: Sequence[CID] = ()) -> tuple[tuple[CID, ...], int]:
         """Parents and clock for a new operation on `targets` that takes effect (docs/PROTOCOL.md §7.4).

@@ -793,3 +793,19 @@ def test_the_objects_a_full_garbage_collection_visits_do_not_grow_with_the_ledge
         assert counts[1] - counts[0] < 150, counts
     finally:
         ledger.close()
+
+
+def test_a_view_knows_no_operation_committed_after_it(ledger):
+    """The library caches operations' clocks and kinds for every thread, filled by the writer's fold too: a view
+    must still answer from its own committed state (a reader's view is older than the batch being folded)."""
+    add = f.add()
+    ledger.submit(add.data)
+    before = ledger.view()
+    modify = op(Kind.MODIFY, key=2, clock=2, parents=[add.cid], target=add.cid, content=f.content(TEXT_B))
+    ledger.submit(modify.data)
+    assert ledger.view().clock(modify.cid) == 2 and ledger.view().kind(modify.cid) is Kind.MODIFY
+    for read in (before.clock, before.kind):
+        with pytest.raises(KeyError, match="no operation"):
+            read(modify.cid)
+    with pytest.raises(KeyError, match="no operation"):
+        before.parents_and_clock([modify.cid])
