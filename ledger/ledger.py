@@ -446,10 +446,10 @@ class Ledger:
         """Up to `count` experiences whose vectors are nearest `vector`, with cosine similarity.
 
         Covers the backlog exactly: the index's answers for experiences with a queued change are
-        dropped, and the queued live vectors are scored as exact search scores them (their rows are kept
-        as batches are queued and inserted: rebuilt by each query, ~320 of them under ingest at 1M
-        operations cost ~0.7 ms of its CPU). The index may already reflect a batch newer than a reader's
-        view: callers check each candidate against their view.
+        dropped, and the queued live vectors are scored as exact search scores them. Their rows are kept
+        as batches are queued and inserted, not built by each query (~320 of them under ingest at 1M
+        operations cost a query ~0.7 ms of CPU). The index may already reflect a batch newer than a
+        reader's view: callers check each candidate against their view.
         """
         with self.reads.reading(), self._index_lock:
             found = self._index.search(vector, count, skip=self._unindexed)
