@@ -77,6 +77,9 @@ _BACKLOG_LIMIT = 4096
 _READ_PRIORITY = 0.02
 #: the mark trails the database by at most this many seconds of commits (and never a signed head)
 _MARK_INTERVAL = 1.0
+#: network parameters of the fold added after the first data directories were written: a directory that records
+#: none of one was folded without it, and is folded again when it opens (PROTOCOL.md §7.2, §7.6)
+FOLD_PARAMETERS = ("causal_horizon", "absorption_horizon")
 #: start-up re-checks this many newest log entries (block present, hash right), like Bitcoin Core's -checkblocks
 _RECENT_CHECK = 32
 
@@ -163,13 +166,17 @@ class Ledger:
             store.close()
             raise StoreError(exc.code, f"node key: {exc.message}") from None
         try:
-            before_horizon = _check_network(store, params)
+            folded_before = _check_network(store, params)
             ledger = cls(data_dir, params, store, node_key, embedder)
         except BaseException:
             store.close()
             raise
-        if before_horizon:
-            log.info("%s: folding the library again under the causal horizon (PROTOCOL.md §7.2)", data_dir)
+        if folded_before:
+            log.info(
+                "%s: folding the library again under parameters it was folded without (%s)",
+                data_dir,
+                ", ".join(FOLD_PARAMETERS),
+            )
             try:
                 ledger.rebuild_library()
                 store.write({NETWORK: codec.encode(dataclasses.asdict(params))})  # not before: a crash folds again
@@ -532,8 +539,8 @@ def _check_network(store: Store, params: NetworkParams) -> bool:
     """A data directory belongs to one network: refuse to open it with other network parameters.
 
     Validity, the fold and the index all depend on them (as a blockchain node checks its genesis).
-    True for a directory written before the causal horizon was a parameter: its library was folded
-    without one, and must be folded again.
+    True for a directory written before one of the fold's later parameters existed (`FOLD_PARAMETERS`): its
+    library was folded without it, and must be folded again.
     """
     wanted = dataclasses.asdict(params)
     raw = store.get(NETWORK)
@@ -541,10 +548,11 @@ def _check_network(store: Store, params: NetworkParams) -> bool:
         store.write({NETWORK: codec.encode(wanted)})
         return False
     recorded = codec.decode(raw)
-    before_horizon = "causal_horizon" not in recorded
-    recorded.setdefault("causal_horizon", params.causal_horizon)
+    folded_before = [name for name in FOLD_PARAMETERS if name not in recorded]
+    for name in folded_before:
+        recorded[name] = wanted[name]
     differing = sorted(name for name in wanted.keys() | recorded.keys() if wanted.get(name) != recorded.get(name))
     if differing:
         details = ", ".join(f"{name} {recorded.get(name)!r} (asked {wanted.get(name)!r})" for name in differing)
         raise StoreError("store.network", f"{store.path}: this data directory belongs to another network: {details}")
-    return before_horizon
+    return bool(folded_before)

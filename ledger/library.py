@@ -372,6 +372,7 @@ class Library:
     def __init__(self, params: NetworkParams) -> None:
         self._params = params
         self._threshold = Fraction(params.near_duplicate_cosine)
+        self._horizon = params.absorption_horizon
         # Invariant: entries are immutable facts about content-addressed operations: any thread may fill it
         # (so it may know operations a view does not: a CID from outside a view is looked up past it).
         # They are plain tuples of ints and bytes, which the garbage collector stops tracking: 20,000
@@ -639,18 +640,19 @@ class Library:
     def _absorption(
         self, txn: Transaction, cid: bytes, order: bytes, values: bytes, bands: list[bytes]
     ) -> tuple[bytes | None, list[tuple[bytes, bytes | None]]]:
-        """Index a new add by its hash bands, find the earliest earlier add it nearly duplicates, and the later
-        adds whose earliest it now is (§7.6); returns the first (None if none) and the second, whose components
-        it joins, each with its earliest before (None if none).
+        """Index a new add by its hash bands, find the earliest earlier add it nearly duplicates at most the
+        absorption horizon below it, and the later adds whose earliest it now is (§7.6); returns the first (None
+        if none) and the second, whose components it joins, each with its earliest before (None if none).
 
         A bucket is kept in the order of its adds' anchors (`bucket_key`: the clock of an add's F when it was
         indexed, then its own order). An add sorts no earlier than its anchor, so finding the earliest earlier
-        one stops at the first key past the best found: for a copy in a cluster, the cluster's first add. A
-        late add may take over only adds whose F sorts after it (or that have none), whose anchors are no
-        earlier than its own clock, so it reads its buckets from there: a late copy that sorts after its
-        cluster's first add reads none of the cluster (it read all of it, ~158,000 keys in the 1M workload's
-        largest one, when buckets were in fold order). F only moves earlier, so an anchor stays where a
-        takeover leaves it: a later late add reads the adds taken over and skips them by their F.
+        one stops at the first key past the best found: for a copy in a cluster, the cluster's first add in its
+        window. An anchor is at most the horizon below its add, so the search starts two horizons below. A
+        late add may take over only adds whose F sorts after it (or that have none) and that lie at most the
+        horizon above it, whose anchors lie between the two clocks, so it reads that range of its buckets: a
+        late copy reads the copies of its window, not every copy of the insight (~158,000 keys in the 1M
+        workload's largest cluster, a 283 ms read for one signature, without the horizon). F only moves
+        earlier, so an anchor stays where a takeover leaves it.
 
         Most buckets are empty: the key filter holds a mark per non-empty bucket and answers for all 32 at
         once, where opening an iterator seeks every level of the database (80% of the writer's scans; their
@@ -667,6 +669,10 @@ class Library:
 
         earliest: bytes | None = None
         bound = order  # F sorts before this add and before the earliest near-duplicate found so far
+        clock = read_u64(order[:8])
+        lowest = u64(max(clock - self._horizon, 0))  # F's clock is no lower than this (orders start with the clock)
+        lowest_anchor = u64(max(clock - 2 * self._horizon, 0))
+        highest = u64(clock + self._horizon + 1)  # an add this one may take over sorts before this
         following: set[bytes] = set()  # the adds after this one in its buckets that it may take over
         last = txn.get(LAST_ADD)
         late = last is not None and last > order  # some add sorts after this one: it may absorb them
@@ -676,19 +682,20 @@ class Library:
         used = [band for band, maybe in zip(bands, txn.mark(marks), strict=True) if maybe]
         for band in used:  # an empty bucket (most are) has nothing to test
             limit = bucket_key(band, bound, bound)
-            for key, _ in txn.scan(bucket_prefix(band)):
+            for key, _ in txn.scan(bucket_prefix(band), bucket_prefix(band) + lowest_anchor):
                 if key >= limit:  # an add's anchor sorts before it: every add from here on sorts after `bound`
                     break
                 other = parse_bucket_key(key, band)
-                if other < bound and near(other):
+                if lowest <= other < bound and near(other):
                     earliest = bound = other
                     limit = bucket_key(band, bound, bound)
         if late:
             for band in used:  # the adds of a cluster of copies share most buckets: each is looked at once
                 start = bucket_key(band, order, order)
-                anchored = len(start) - len(order)  # parse_bucket_key, inlined: a takeover may read ~158,000 keys
+                anchored = len(start) - len(order)  # parse_bucket_key, inlined
                 # before this add's own keys are in the transaction: merging them in sorted every bucket's keys
-                following.update(key[anchored:] for key in txn.keys(bucket_prefix(band), start))
+                keys = txn.keys(bucket_prefix(band), start, bucket_prefix(band) + highest)
+                following.update(other for key in keys if (other := key[anchored:]) < highest)
         for band in bands:
             txn.put(bucket_key(band, order, earliest or order), b"")
         txn.put(vector_key(cid), values)
@@ -867,7 +874,7 @@ class Library:
         op = work.fold.operations[cid]
         records, txn = work.records, work.records.txn
         if op.kind is Kind.ADD and cid in work.takes_over:
-            return self._take_over_in_place(work, component, cid, op)
+            return self._take_over_in_place(work, component, cid, op, order)
         if op.kind is Kind.ADD:
             txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
             return True
@@ -900,11 +907,14 @@ class Library:
         txn.put(status_key(cid), OpStatus.applied(exp_id).pack())
         return True
 
-    def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation) -> bool:
+    def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts, if all it
-        changes is the name of one experience; False if it may change more (then the component is folded again).
+        changes is the name of one experience, or nothing but which adds of one experience are whose F; False
+        if it may change more (then the component is folded again).
 
-        It does if it is absorbed into no add, exactly one of the adds it takes over, R, was first among its own
+        The second: it is absorbed, and every add it takes over was absorbed before, each chain of earliest adds
+        ending where its own F's does (`_repoint_within`). The first: it is absorbed into no add, exactly one of
+        the adds it takes over, R, was first among its own
         (stood for an experience), and every other one's chain of earliest adds ended at R. Then every add that
         resolved to R resolves to the new add, every other one to what it did, and no operation of R's
         experience sorts before R: the new add's record is R's with its own id, creator and clock (and its text,
@@ -916,23 +926,18 @@ class Library:
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
+        into = txn.get(absorbs_key(cid))
         firsts = [add for add, before in taken.items() if before is None]
-        if txn.get(absorbs_key(cid)) is not None or len(firsts) != 1:
+        if len(firsts) != (0 if into is not None else 1):
             return False
+        ends = _chain_ends(txn, taken, [*taken, into] if into is not None else list(taken))
+        end = ends[into] if into is not None else firsts[0]
+        if any(ends[add] != end for add in taken):
+            return False
+        if into is not None:
+            self._repoint_within(work, cid, op, order, taken)
+            return True
         old = firsts[0]
-        ends: dict[bytes, bytes] = {}  # an add -> the end of its chain of earliest adds before this add
-        for start in taken:
-            chain, add = [], start
-            while add not in ends:
-                chain.append(add)
-                before = taken[add] if add in taken else txn.get(absorbs_key(add))
-                if before is None:
-                    ends[add] = add
-                else:
-                    add = before
-            ends.update(dict.fromkeys(chain, ends[add]))
-        if any(ends[add] != old for add in taken):
-            return False
         record = records.record(old)
         assert record is not None
         assert record.alias_of is None or self.meta(txn, record.alias_of.raw).kind is Kind.MERGE, "R stood for itself"
@@ -971,9 +976,26 @@ class Library:
                 txn.put(status, applied)
         return True
 
+    def _repoint_within(
+        self, work: _Work, cid: bytes, op: Operation, order: bytes, taken: dict[bytes, bytes | None]
+    ) -> None:
+        """Fold a late absorbed add that is now F of later adds of its own experience (§7.6): each add taken over
+        resolves through it to the end of the chain it resolved through before, so no experience changes. The
+        new add is absorbed where it sorts; each add taken over becomes its alias and says it is absorbed into
+        it. With the absorption horizon a copy inside a cluster is such an add (it takes over the copies of its
+        window that had no near-duplicate in theirs before it), which any peer can sign at any clock."""
+        txn, records = work.records.txn, work.records
+        txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
+        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
+        for add, before in taken.items():
+            assert before is not None, "each was absorbed before"
+            records.realias(add, before, cid)
+            work.repointed.add(add)  # it resolves to what it did: its votes count where they did
+            txn.put(status_key(add), absorbed)
+
     def _absorb_late(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
-        """A late add absorbed into an earlier one, F, and first among no later ones (§7.6): what F resolved to
-        where the add sorts gains it, and each merge it went into since then gains one support."""
+        """A late add absorbed into an earlier one, F, and first among no later adds of another experience (§7.6):
+        what F resolved to where the add sorts gains it, and each merge it went into since then gains one support."""
         into = records.txn.get(absorbs_key(cid))
         if into is None:  # a new experience, which a merge of the same batch joined to the component
             records.put(_new_record(cid, op, support=1))
@@ -1266,6 +1288,23 @@ class Library:
                         "merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)"
                     )
         return None
+
+
+def _chain_ends(txn: Transaction, taken: dict[bytes, bytes | None], starts: list[bytes]) -> dict[bytes, bytes]:
+    """For each of `starts` (and the adds on the way), the end of its chain of earliest adds before a late add
+    that takes over `taken` (each with its earliest before; the others' is stored)."""
+    ends: dict[bytes, bytes] = {}
+    for start in starts:
+        chain, add = [], start
+        while add not in ends:
+            chain.append(add)
+            before = taken[add] if add in taken else txn.get(absorbs_key(add))
+            if before is None:
+                ends[add] = add
+            else:
+                add = before
+        ends.update(dict.fromkeys(chain, ends[add]))
+    return ends
 
 
 def _stands_for(record: ExperienceRecord | None) -> tuple[bool, CID | None]:

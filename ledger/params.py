@@ -36,8 +36,9 @@ _CALIBRATED_FIELDS = ("relevance_threshold", "near_duplicate_cosine", "embedding
 #: per text (8,192 dimensions covers the seeds' 7,680-d model), an operation is read whole (1 MiB),
 #: and parents and merge targets are counted in one byte beside each stored operation (255). A
 #: limit on characters never needs to exceed the largest operation. The causal horizon bounds an
-#: ancestry walk (§7.2 of docs/PROTOCOL.md) to that many clock levels; 2**32 is far beyond any
-#: network's history, so it never needs more.
+#: ancestry walk (§7.2 of docs/PROTOCOL.md) to that many clock levels, and the absorption horizon
+#: how far apart in clocks an add and its near-duplicate may lie (§7.6); 2**32 is far beyond any
+#: network's history, so neither needs more.
 INT_RANGES: dict[str, tuple[int, int]] = {
     "text_max": (1, 4096),
     "embedding_dim": (1, 8192),
@@ -50,6 +51,7 @@ INT_RANGES: dict[str, tuple[int, int]] = {
     "max_merge_targets": (2, 255),
     "max_domain_depth": (1, 64),
     "causal_horizon": (1, 1 << 32),
+    "absorption_horizon": (1, 1 << 32),
 }
 _MODEL_NAME = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII without spaces: it is written into every operation
 #: a network's name: it names the gossip topic and is recorded in every data directory of the network
@@ -85,6 +87,9 @@ class NetworkParams:
     #: an operation whose clock exceeds another's by more than this counts as its descendant (§7.2), so
     #: deciding ancestry walks at most this many clock levels
     causal_horizon: int = 1024
+    #: an add is absorbed only into a near-duplicate at most this many clocks below it (§7.6): what one late
+    #: add can take over is then the adds of a window of clocks, not every copy of an insight since it began
+    absorption_horizon: int = 1024
     #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
     near_duplicate_cosine: float = None  # type: ignore[assignment]  # None: the model's calibrated value
     #: retrieval serves experiences whose cosine with the query exceeds this

@@ -608,12 +608,13 @@ class Store:
         except plyvel.Error as exc:
             raise self._read_error(exc) from None
 
-    def keys(self, prefix: bytes, start: bytes | None = None) -> list[bytes]:
-        """The keys `scan` yields, as one list: a long range costs LevelDB's iteration, not a Python step per key."""
+    def keys(self, prefix: bytes, start: bytes | None = None, stop: bytes | None = None) -> list[bytes]:
+        """The keys `scan` yields (up to `stop`, if given), as one list: a long range costs LevelDB's iteration,
+        not a Python step per key."""
         try:
             return list(
                 self._db.iterator(
-                    start=start or prefix, stop=prefix_end(prefix), include_value=False, verify_checksums=True
+                    start=start or prefix, stop=stop or prefix_end(prefix), include_value=False, verify_checksums=True
                 )
             )
         except plyvel.Error as exc:
@@ -776,16 +777,16 @@ class Transaction:
             if (written := self._writes[key]) is not None:
                 yield key, written
 
-    def keys(self, prefix: bytes, start: bytes | None = None) -> list[bytes]:
-        """The keys `scan` yields, as one list (see `Store.keys`)."""
-        mine = self._written_in(prefix, start)
-        stored = self._store.keys(prefix, start)
+    def keys(self, prefix: bytes, start: bytes | None = None, stop: bytes | None = None) -> list[bytes]:
+        """The keys `scan` yields (up to `stop`, if given), as one list (see `Store.keys`)."""
+        mine = self._written_in(prefix, start, stop)
+        stored = self._store.keys(prefix, start, stop)
         if not mine:
             return stored
         written = self._writes
         return sorted({key for key in stored if key not in written} | {key for key in mine if written[key] is not None})
 
-    def _written_in(self, prefix: bytes, start: bytes | None) -> list[bytes]:
+    def _written_in(self, prefix: bytes, start: bytes | None, stop: bytes | None = None) -> list[bytes]:
         """The keys this transaction wrote (or deleted) in a scan's range, in key order."""
         if prefix[0] not in _SCANNABLE:
             raise ValueError(f"table {prefix[:1]!r} is not scannable inside a transaction")
@@ -793,7 +794,7 @@ class Transaction:
         if len(prefix) < group:
             raise ValueError(f"table {prefix[:1]!r} is scannable inside a transaction by {group - 1}-byte groups only")
         keys = self._sorted.get(prefix[:group], [])
-        return keys[bisect.bisect_left(keys, start or prefix) : bisect.bisect_left(keys, prefix_end(prefix))]
+        return keys[bisect.bisect_left(keys, start or prefix) : bisect.bisect_left(keys, stop or prefix_end(prefix))]
 
     def commit(self, pause: Callable[[], None] = NEVER.pause) -> None:
         """Sync the new blocks, then write everything that names them (and the files' new end) in one write

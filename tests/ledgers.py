@@ -41,9 +41,15 @@ ACTIONS = (
 )
 
 
-def open_ledger(path: Path, causal_horizon: int = f.PARAMS.causal_horizon) -> Ledger:
-    """A ledger of the test network; a small `causal_horizon` makes operations a few clock levels apart ordered."""
-    return Ledger.open(path, dataclasses.replace(f.PARAMS, causal_horizon=causal_horizon))
+def open_ledger(
+    path: Path,
+    causal_horizon: int = f.PARAMS.causal_horizon,
+    absorption_horizon: int = f.PARAMS.absorption_horizon,
+) -> Ledger:
+    """A ledger of the test network; a small `causal_horizon` makes operations a few clock levels apart ordered,
+    a small `absorption_horizon` keeps near-duplicates a few clocks apart from absorbing each other (§7.6)."""
+    params = dataclasses.replace(f.PARAMS, causal_horizon=causal_horizon, absorption_horizon=absorption_horizon)
+    return Ledger.open(path, params)
 
 
 #: tables whose contents depend on what this node saw and when, not only on the set of operations: its log and

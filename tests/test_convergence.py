@@ -35,16 +35,19 @@ def _deliveries(rng: random.Random, blocks: list, count: int) -> list[list[list[
 #: causal horizons (§7.2) the property tests run with: with the smallest, most pairs of operations are ordered by
 #: their clocks alone; with the network's default, none of these short histories reaches it
 HORIZONS = st.sampled_from([1, 3, 8, f.PARAMS.causal_horizon])
+#: absorption horizons (§7.6): with the small ones, copies a few clocks apart stay apart or join through chains,
+#: and a late copy takes over only the copies of its window
+ABSORPTION_HORIZONS = st.sampled_from([1, 2, 3, f.PARAMS.absorption_horizon])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 36), horizon=HORIZONS)
-def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_factory, seed, size, horizon):
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 36), horizon=HORIZONS, absorption=ABSORPTION_HORIZONS)
+def test_any_arrival_order_gives_identical_snapshots_and_state_roots(tmp_path_factory, seed, size, horizon, absorption):
     rng = random.Random(seed)
     blocks = random_history(rng, size)
     results = set()
     for number, schedule in enumerate(_deliveries(rng, blocks, 4)):
-        ledger = open_ledger(tmp_path_factory.mktemp(f"n{number}"), horizon)
+        ledger = open_ledger(tmp_path_factory.mktemp(f"n{number}"), horizon, absorption)
         for batch in schedule:
             outcomes = ledger.ingest(batch)
             assert all(o.outcome != "invalid" for o in outcomes), [o.errors for o in outcomes]
@@ -107,8 +110,8 @@ def _naming(rng: random.Random, kind: Kind, target, text: str, other=None) -> di
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), horizon=HORIZONS)
-def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, seed, horizon):
+@given(seed=st.integers(0, 2**32 - 1), horizon=HORIZONS, absorption=ABSORPTION_HORIZONS)
+def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, seed, horizon, absorption):
     """A node that folded a long history, then receives operations that sort before almost all of it, one by
     one, holds what a node that received everything at once, in another order, holds. With a small causal
     horizon a late modify is an ancestor of the history's later operations: of a merge of its target, so it
@@ -116,14 +119,14 @@ def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, s
     rng = random.Random(seed)
     history = random_history(rng, 240)
     late = _late_operations(rng, history, 25)
-    incremental = open_ledger(tmp_path_factory.mktemp("incremental"), horizon)
+    incremental = open_ledger(tmp_path_factory.mktemp("incremental"), horizon, absorption)
     for start in range(0, len(history), 40):
         incremental.ingest([b.data for b in history[start : start + 40]])
     for block in late:
         assert incremental.submit(block.data).outcome != "invalid"
     everything = [b.data for b in [*history, *late]]
     rng.shuffle(everything)
-    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), horizon)
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), horizon, absorption)
     at_once.ingest(everything)
     assert converged_state(incremental) == converged_state(at_once)
     incremental.close()
@@ -166,22 +169,23 @@ _COPIED = (
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 16))
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 16), absorption=ABSORPTION_HORIZONS)
 def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bound_their_f(
-    tmp_path_factory, seed, size
+    tmp_path_factory, seed, size, absorption
 ):
     """Copies arriving one at a time in a random order are often late: each may take over copies after it,
     which keep the anchor they were indexed with (§7.6). The node holds what one that got them all at once holds,
-    and every bucket key's anchor lies between its add's F and the add (its own clock if it has no F)."""
+    and every bucket key's anchor lies between its add's F and the add (its own clock if it has no F), at most the
+    absorption horizon below the add."""
     rng = random.Random(seed)
     adds = [
         f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 8), content=f.content(rng.choice(_COPIED))), f.author(i))
         for i in range(1, size + 1)
     ]
-    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"))
+    one_by_one = open_ledger(tmp_path_factory.mktemp("one_by_one"), absorption_horizon=absorption)
     for block in rng.sample(adds, len(adds)):
         assert one_by_one.submit(block.data).outcome != "invalid"
-    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), absorption_horizon=absorption)
     at_once.ingest([block.data for block in rng.sample(adds, len(adds))])
     assert converged_state(one_by_one) == converged_state(at_once)
     view = one_by_one.view()
@@ -189,18 +193,20 @@ def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bou
         anchor, order = key[1 + BAND_KEY_SIZE : 9 + BAND_KEY_SIZE], key[9 + BAND_KEY_SIZE :]
         into = one_by_one.store.get(absorbs_key(order_cid(order)))
         assert anchor == order[:8] if into is None else u64(view.clock(CID(into))) <= anchor <= order[:8]
+        assert view.clock(CID(order_cid(order))) - int.from_bytes(anchor, "big") <= absorption
     one_by_one.close()
     at_once.close()
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 8))
-def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, seed, size):
+@given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 8), absorption=ABSORPTION_HORIZONS)
+def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, seed, size, absorption):
     """Copies at random clocks with modifies, deletes, votes and merges naming them, in small batches in a random
     order: a late copy takes over the copies after it with what acts on them, and may come with operations after
     it (in its batch, or waiting for it). One that only renames an experience is folded where it sorts
-    (`Library._take_over_in_place`), others fold the component again; either way the node holds what one that got
-    them all at once holds."""
+    (`Library._take_over_in_place`), and so is one inside a chain of copies that takes over only copies of its own
+    experience (with a small absorption horizon); others fold the component again; either way the node holds what
+    one that got them all at once holds."""
     rng = random.Random(seed)
     adds = [
         f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 6), content=f.content(rng.choice(_COPIED))), f.author(i))
@@ -216,13 +222,13 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
         fields = _naming(rng, kind, target, text, other)
         parents = (target.cid, other.cid) if kind is Kind.MERGE else (target.cid,)
         blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
-    in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"))
+    in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"), absorption_horizon=absorption)
     arrival = rng.sample(blocks, len(blocks))
     while arrival:
         count = rng.randint(1, 3)
         batch, arrival = arrival[:count], arrival[count:]
         assert all(receipt.outcome != "invalid" for receipt in in_batches.ingest([block.data for block in batch]))
-    at_once = open_ledger(tmp_path_factory.mktemp("at_once"))
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), absorption_horizon=absorption)
     at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
     assert converged_state(in_batches) == converged_state(at_once)
     in_batches.close()

@@ -403,12 +403,65 @@ def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_a
     node.close()
 
 
-def _late_then_all_at_once(tmp_path, history, late, horizon=f.PARAMS.causal_horizon):
+def _copy(clock, key, **fields):
+    """An add of SEED_TEXTS[0] (every copy nearly duplicates every other) at `clock` by author `key`."""
+    return f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(), **fields), f.author(key))
+
+
+def test_near_duplicates_further_apart_than_the_absorption_horizon_stay_apart_unless_a_chain_joins_them(tmp_path):
+    """An add is absorbed only into a near-duplicate at most `absorption_horizon` clocks below it (§7.6): copies
+    at clocks 1 and 4 stand apart with a horizon of 2; one at clock 3 joins them, each absorbed into the earliest
+    copy of its own window."""
+    first, far, between = _copy(1, 1), _copy(4, 2), _copy(3, 3)
+    apart = open_ledger(tmp_path / "apart", absorption_horizon=2)
+    apart.ingest([first.data, far.data])
+    assert apart.view().status(far.cid).experience == far.cid and apart.view().experience(far.cid).support == 1
+    apart.close()
+    chained, _ = _late_then_all_at_once(tmp_path, [first, far], between, absorption=2)
+    view = chained.view()
+    assert view.status(between.cid).into == first.cid and view.status(far.cid).into == between.cid
+    assert view.resolve(far.cid) == first.cid and view.experience(first.cid).support == 3
+    chained.close()
+
+
+def test_a_late_copy_sorting_first_takes_over_only_the_copies_of_its_window(tmp_path):
+    """With a horizon of 2 a copy at clock 1 that sorts first takes over the copies at clocks 2 and 3, not the one
+    at 5, which stays absorbed into the one at 3: the experience is renamed in place, and resolves the same."""
+    copies = [_copy(2, 1), _copy(3, 2), _copy(5, 3)]
+    late = _copy(1, 4)
+    node, refolded = _late_then_all_at_once(tmp_path, copies, late, absorption=2)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(copies[0].cid).into == late.cid and view.status(copies[1].cid).into == late.cid
+    assert view.status(copies[2].cid).into == copies[1].cid and view.resolve(copies[2].cid) == late.cid
+    assert view.experience(late.cid).support == 4
+    node.close()
+
+
+def test_a_late_copy_inside_a_chain_takes_over_copies_of_its_own_experience_in_place(tmp_path):
+    """Copies at clocks 1, 3 and 5 with a horizon of 2 form a chain (each absorbed into the one before). A copy at
+    clock 3 that sorts before the one there is absorbed into the first and is now the earliest copy in the window
+    of the one at 5: it takes that one over, which changes no experience, so nothing is folded again."""
+    chain = [_copy(1, 1), _copy(3, 2), _copy(5, 3)]
+    late = next(block for key in range(10, 80) if (block := _copy(3, key)).cid < chain[1].cid)
+    node, refolded = _late_then_all_at_once(tmp_path, chain, late, absorption=2)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(late.cid).into == chain[0].cid and view.status(chain[2].cid).into == late.cid
+    assert view.status(chain[1].cid).into == chain[0].cid
+    assert view.experience(chain[2].cid).alias_of == late.cid and view.experience(chain[0].cid).support == 4
+    node.close()
+
+
+def _late_then_all_at_once(
+    tmp_path, history, late, horizon=f.PARAMS.causal_horizon, absorption=f.PARAMS.absorption_horizon
+):
     """`history` one by one then `late` (a block, or a list of blocks ingested as one batch) on one node,
     everything at once on another: the same state; returns the first node and how many operations `late`
     folded again."""
     late = late if isinstance(late, list) else [late]
-    incremental, clean = open_ledger(tmp_path / "inc", horizon), open_ledger(tmp_path / "clean", horizon)
+    incremental = open_ledger(tmp_path / "inc", horizon, absorption)
+    clean = open_ledger(tmp_path / "clean", horizon, absorption)
     for block in history:
         incremental.submit(block.data)
     before = incremental.refolded
@@ -722,6 +775,30 @@ def test_a_directory_written_before_the_causal_horizon_is_folded_again_under_it(
     fresh.close()
     with pytest.raises(StoreError, match="causal_horizon 1024 \\(asked 4\\)"):
         open_ledger(tmp_path / "old", causal_horizon=4)
+
+
+def test_a_directory_written_before_the_absorption_horizon_is_folded_again_under_it(tmp_path):
+    """Copies 1,030 clocks apart: without a horizon (as a directory of an older node folded them) the later is
+    absorbed; opened by a node that knows the horizon, the library is folded again and they stand apart."""
+    first, far = _copy(1, 1), _copy(1031, 2)
+    old = open_ledger(tmp_path / "old", absorption_horizon=1 << 32)
+    old.ingest([first.data, far.data])
+    assert old.view().status(far.cid).into == first.cid
+    old.close()
+    store = Store(tmp_path / "old" / DB_DIR, create=False)
+    recorded = codec.decode(store.get(NETWORK))
+    del recorded["absorption_horizon"]
+    store.write({NETWORK: codec.encode(recorded)})
+    store.close()
+    upgraded = open_ledger(tmp_path / "old")
+    fresh = open_ledger(tmp_path / "fresh")
+    fresh.ingest([far.data, first.data])
+    assert upgraded.view().status(far.cid).experience == far.cid
+    assert converged_state(upgraded) == converged_state(fresh)
+    upgraded.close()
+    fresh.close()
+    with pytest.raises(StoreError, match="absorption_horizon 1024 \\(asked 3\\)"):
+        open_ledger(tmp_path / "old", absorption_horizon=3)
 
 
 def test_duplicates_are_no_ops(ledger):
