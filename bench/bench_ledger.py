@@ -16,8 +16,9 @@ Figures, all from one run on one stream of operations (bench/workload.py):
   component     near-duplicate absorption and merges, PROTOCOL.md 7.5: what one operation may have to fold
                 again): a merge of two of its roots, signed by a new key; an add with clock 1 from a new
                 author repeating one of its adds and sorting before every copy (each round's before the
-                last's: it takes them all over, and the component is folded again), then one sorting
-                after it (absorbed: it reads the copies taken over, anchored where their F was); a
+                last's: it takes over the copies of its window of absorption_horizon clocks, and renames
+                their experience where it sorts), then one sorting after it (absorbed: it reads the
+                copies of that window); a
                 modify, a delete and a copy that sort just after early members no merge names (folded
                 where they sort), and a modify and a delete of two such
                 members in one batch; a delete of one an applied merge names (it voids the merge: the
@@ -174,7 +175,7 @@ class _ComponentProbe:
     members: int
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
     takeover: float  # an add with clock 1 repeating one of its adds, first among their copies: it takes them over
-    taken: int  # the adds such a takeover's record lists as absorbed: those it took over and theirs (median)
+    taken: int  # the adds such a takeover took over: now absorbed into it (median)
     refolded: int  # the operations such a takeover folds again (median): none if it only renames an experience
     after_takeover: float  # then a copy at clock 1 that sorts after those: absorbed into them
     in_place: dict[str, float]  # late modify / delete / absorbed copy of early members no merge names
@@ -213,8 +214,10 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         before = ledger.refolded
         takeovers.append(_timed(ledger, copy.data))
         refolded.append(ledger.refolded - before)
-        record = ledger.view().experience(copy.cid)
-        taken.append(len(record.absorbed) if record is not None else 0)
+        after = ledger.view()
+        record = after.experience(copy.cid)
+        listed = record.absorbed if record is not None else []
+        taken.append(sum(1 for add in listed if (status := after.status(add)) and status.into == copy.cid))
         first = (1, copy.cid.raw)
         key = AuthorKey(bytes([115 + round_, probe]) * 16)
         absorbed.append(_timed(ledger, _copy_at_clock_1(original, key, first, before=False).data))
