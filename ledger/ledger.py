@@ -173,9 +173,9 @@ class Ledger:
             raise
         if folded_before:
             log.info(
-                "%s: folding the library again under parameters it was folded without (%s)",
+                "%s: folding the library again under parameters it was folded without (%s; PROTOCOL.md §5)",
                 data_dir,
-                ", ".join(FOLD_PARAMETERS),
+                ", ".join(folded_before),
             )
             try:
                 ledger.rebuild_library()
@@ -535,18 +535,18 @@ class Ledger:
             self._snapshot = self.store.snapshot()
 
 
-def _check_network(store: Store, params: NetworkParams) -> bool:
+def _check_network(store: Store, params: NetworkParams) -> list[str]:
     """A data directory belongs to one network: refuse to open it with other network parameters.
 
     Validity, the fold and the index all depend on them (as a blockchain node checks its genesis).
-    True for a directory written before one of the fold's later parameters existed (`FOLD_PARAMETERS`): its
-    library was folded without it, and must be folded again.
+    Returns the fold's later parameters (`FOLD_PARAMETERS`) the directory was written without: its library was
+    folded without them, and must be folded again.
     """
     wanted = dataclasses.asdict(params)
     raw = store.get(NETWORK)
     if raw is None:
         store.write({NETWORK: codec.encode(wanted)})
-        return False
+        return []
     recorded = codec.decode(raw)
     folded_before = [name for name in FOLD_PARAMETERS if name not in recorded]
     for name in folded_before:
@@ -555,4 +555,4 @@ def _check_network(store: Store, params: NetworkParams) -> bool:
     if differing:
         details = ", ".join(f"{name} {recorded.get(name)!r} (asked {wanted.get(name)!r})" for name in differing)
         raise StoreError("store.network", f"{store.path}: this data directory belongs to another network: {details}")
-    return bool(folded_before)
+    return folded_before

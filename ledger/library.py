@@ -908,21 +908,20 @@ class Library:
         return True
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts, if all it
-        changes is the name of one experience, or nothing but which adds of one experience are whose F; False
-        if it may change more (then the component is folded again).
+        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts, if it renames
+        one experience or changes none; False if it may change more (then the component is folded again).
 
-        The second: it is absorbed, and every add it takes over was absorbed before, each chain of earliest adds
-        ending where its own F's does (`_repoint_within`). The first: it is absorbed into no add, exactly one of
-        the adds it takes over, R, was first among its own
-        (stood for an experience), and every other one's chain of earliest adds ended at R. Then every add that
-        resolved to R resolves to the new add, every other one to what it did, and no operation of R's
-        experience sorts before R: the new add's record is R's with its own id, creator and clock (and its text,
-        unless a modify's is visible) and one more supporter, R and the adds taken over are its aliases, and what
-        named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes, moved
-        by the fold as a root's that became an alias, and the merge R went into, which with the merges after it
-        gains the supporter). A copy of an insight sorting before all its copies, which one peer can sign again
-        and again, folded the 1M workload's largest component again: 1.4-2.0 s for 9,636 operations.
+        It changes none if it is absorbed, none of the adds it takes over was first among its own, and each one's
+        chain of earliest adds ends where its F's does (`_repoint_within`). It renames one if it is absorbed into
+        no add, exactly one of the adds it takes over, R, was first among its own (stood for an experience), and
+        every other one's chain of earliest adds ended at R. Then every add that resolved to R resolves to the
+        new add, every other one to what it did, and no operation of R's experience sorts before R: the new add's
+        record is R's with its own id, creator and clock (and its text, unless a modify's is visible) and one
+        more supporter, R and the adds taken over are its aliases, and what named R as its experience names the
+        new add (the verdicts of modifies and deletes, the counted votes, moved by the fold as a root's that
+        became an alias, and the merge R went into, which with the merges after it gains the supporter). A copy
+        of an insight sorting before all its copies, which one peer can sign again and again, folded the 1M
+        workload's largest component again: 1.4-2.0 s for 9,636 operations.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
