@@ -18,7 +18,7 @@ from ledger.library import _LargeRecords
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
-from ledger.store import NETWORK, Store, StoreError, experience_key
+from ledger.store import COMPONENT_OP, NETWORK, Store, StoreError, experience_key
 from tests import factories as f
 from tests.ledgers import converged_state, open_ledger
 
@@ -284,6 +284,31 @@ def test_a_late_copy_sorting_first_renames_the_experience_in_place(tmp_path):
     assert merged.absorbed == sorted([late.cid, b.cid, after_merge.cid]) and merged.support == 6
     assert (merged.up, merged.down) == (1, 1)
     node.close()
+
+
+def test_late_operations_find_what_acted_on_an_experience_in_a_component_list_without_kinds(tmp_path):
+    """A component's list of operations names each one's kind, so a takeover reads the statuses of its modifies
+    and deletes only, and a late delete finds the modifies after it by it; in a directory written before the
+    list held kinds (empty values) they read every operation's, and fold what a fresh node folds."""
+    first = _copy(2, 1)
+    modify = op(Kind.MODIFY, key=2, clock=5, parents=[first.cid], target=first.cid, content=f.content(TEXT_B))
+    history = [first, _copy(3, 4), modify]
+    older = open_ledger(tmp_path / "older")
+    older.ingest([block.data for block in history])
+    older.close()
+    store = Store(tmp_path / "older" / DB_DIR, create=False)
+    store.write(dict.fromkeys([key for key, _ in store.scan(COMPONENT_OP)], b""))
+    store.close()
+    late = [_sorting_before(first), op(Kind.DELETE, key=3, clock=3, parents=[first.cid], target=first.cid,
+                                        reason="proven incorrect")]  # fmt: skip
+    older, fresh = open_ledger(tmp_path / "older"), open_ledger(tmp_path / "fresh")
+    for block in late:
+        older.submit(block.data)
+    fresh.ingest([block.data for block in [*late, *history]])
+    assert older.view().status(modify.cid).code == "superseded.deleted"
+    assert converged_state(older) == converged_state(fresh)
+    older.close()
+    fresh.close()
 
 
 def test_an_alias_made_an_alias_of_another_add_in_its_stored_form_is_the_record_encoded_again():
