@@ -303,6 +303,29 @@ class _Records:
             record = read(exp_id)
         return exp_id
 
+    def resolved_all(self, exp_ids: list[bytes], before: bool = False) -> dict[bytes, bytes | None]:
+        """`resolved` for each of `exp_ids`, each alias on the way read once: copies of an insight join through
+        chains of absorbed adds (one link per window of the absorption horizon, §7.6), which share their tails."""
+        read = self._before if before else self._load
+        ends: dict[bytes, bytes] = {}  # an alias -> what it resolves to
+        found: dict[bytes, bytes | None] = {}
+        for start in exp_ids:
+            if read(start) is None:
+                found[start] = None
+                continue
+            path, exp_id = [], start
+            while exp_id not in ends:
+                record = read(exp_id)
+                if record is None or record.status is not Life.ALIAS:
+                    break
+                assert record.alias_of is not None
+                path.append(exp_id)
+                exp_id = record.alias_of.raw
+            end = ends.get(exp_id, exp_id)
+            ends.update(dict.fromkeys(path, end))
+            found[start] = end
+        return found
+
     def _before(self, exp_id: bytes) -> ExperienceRecord | None:
         self._load(exp_id)
         return self.before[exp_id]
@@ -1170,8 +1193,7 @@ class Library:
         undone merges' trees.
         """
         txn, records = work.records.txn, work.records
-        was = {exp_id: records.resolved(exp_id, before=True) for exp_id in members}
-        now = {exp_id: records.resolved(exp_id) for exp_id in members}
+        was, now = records.resolved_all(members, before=True), records.resolved_all(members)
         moved = [exp_id for exp_id in members if was[exp_id] != now[exp_id]]
         roots = {root for exp_id in moved for root in (was[exp_id], now[exp_id]) if root is not None}
         vote = _KIND_BYTE[Kind.VOTE]

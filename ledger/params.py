@@ -88,8 +88,11 @@ class NetworkParams:
     #: deciding ancestry walks at most this many clock levels
     causal_horizon: int = 1024
     #: an add is absorbed only into a near-duplicate at most this many clocks below it (§7.6): what one late
-    #: add can take over is then the adds of a window of clocks, not every copy of an insight since it began
-    absorption_horizon: int = 1024
+    #: add can take over is then the adds of a window of clocks, not every copy of an insight since it began.
+    #: Copies that keep coming join through chains of F, one link per window: a larger horizon makes a late
+    #: copy take over more, a smaller one the chains longer (1M workload: at most 90 copies in a window of
+    #: 4,096 clocks and chains of at most 75 links; 33 and 313 at 1,024)
+    absorption_horizon: int = 4096
     #: two live experiences whose embeddings have a cosine above this are near-duplicates (Add + Add merge)
     near_duplicate_cosine: float = None  # type: ignore[assignment]  # None: the model's calibrated value
     #: retrieval serves experiences whose cosine with the query exceeds this

@@ -1,6 +1,7 @@
 """The conflict rules one by one: Delete > Modify > merge, concurrent modifies, near-duplicate adds, votes."""
 
 import gc
+import random
 import struct
 from fractions import Fraction
 
@@ -14,13 +15,13 @@ from ledger import codec
 from ledger.cid import CID
 from ledger.embedder import pack_float16
 from ledger.ledger import DB_DIR
-from ledger.library import _LargeRecords
+from ledger.library import _LargeRecords, _Records
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
-from ledger.store import COMPONENT_OP, NETWORK, Store, StoreError, experience_key
+from ledger.store import COMPONENT_OP, EXPERIENCE, NETWORK, Store, StoreError, Transaction, experience_key
 from tests import factories as f
-from tests.ledgers import converged_state, open_ledger
+from tests.ledgers import converged_state, open_ledger, random_history
 
 TEXT_B = "When intersecting lines with segments, check each solution lies on the segment."
 TEXT_C = "When comparing two rates of growth, take logarithms before comparing."
@@ -803,9 +804,9 @@ def test_a_directory_written_before_the_causal_horizon_is_folded_again_under_it(
 
 
 def test_a_directory_written_before_the_absorption_horizon_is_folded_again_under_it(tmp_path):
-    """Copies 1,030 clocks apart: without a horizon (as a directory of an older node folded them) the later is
-    absorbed; opened by a node that knows the horizon, the library is folded again and they stand apart."""
-    first, far = _copy(1, 1), _copy(1031, 2)
+    """Copies further apart than the default horizon: without a horizon (as a directory of an older node folded
+    them) the later is absorbed; opened by a node that knows it, the library is folded again and they stand apart."""
+    first, far = _copy(1, 1), _copy(f.PARAMS.absorption_horizon + 2, 2)
     old = open_ledger(tmp_path / "old", absorption_horizon=1 << 32)
     old.ingest([first.data, far.data])
     assert old.view().status(far.cid).into == first.cid
@@ -822,8 +823,22 @@ def test_a_directory_written_before_the_absorption_horizon_is_folded_again_under
     assert converged_state(upgraded) == converged_state(fresh)
     upgraded.close()
     fresh.close()
-    with pytest.raises(StoreError, match="absorption_horizon 1024 \\(asked 3\\)"):
+    with pytest.raises(StoreError, match=f"absorption_horizon {f.PARAMS.absorption_horizon} \\(asked 3\\)"):
         open_ledger(tmp_path / "old", absorption_horizon=3)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_resolving_many_experiences_at_once_gives_what_resolving_each_gives(tmp_path, seed):
+    """`_Records.resolved_all` reads each alias of a chain once; it answers as `resolved` does, for aliases of
+    absorbed adds and of merges, roots, and an id with no record."""
+    node = open_ledger(tmp_path / "node", absorption_horizon=2)
+    chain = [_copy(1 + 2 * number, 90 + number) for number in range(6)]  # each absorbed into the one before
+    node.ingest([block.data for block in [*random_history(random.Random(seed), 60), *chain]])
+    exp_ids = [key[1:] for key, _ in node.store.scan(EXPERIENCE)] + [f.add(TEXT_C).cid.raw]
+    assert node.view().status(chain[-1].cid).into == chain[-2].cid
+    records = _Records(Transaction(node.store), _LargeRecords())
+    assert records.resolved_all(exp_ids) == {exp_id: records.resolved(exp_id) for exp_id in exp_ids}
+    node.close()
 
 
 def test_duplicates_are_no_ops(ledger):
