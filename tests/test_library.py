@@ -781,17 +781,22 @@ def test_a_late_modify_beyond_the_causal_horizon_below_a_head_is_its_ancestor_an
     node.close()
 
 
+def _written_before(data_dir, parameter):
+    """Make `data_dir` one written by a node that did not know the network parameter `parameter`."""
+    store = Store(data_dir / DB_DIR, create=False)
+    recorded = codec.decode(store.get(NETWORK))
+    del recorded[parameter]
+    store.write({NETWORK: codec.encode(recorded)})
+    store.close()
+
+
 def test_a_directory_written_before_the_causal_horizon_is_folded_again_under_it(tmp_path):
     a, b, merge = _two_adds_and_their_merge()
     modify = _far_above(merge)
     old = open_ledger(tmp_path / "old", causal_horizon=4)  # the merge stays: as without a horizon, it would not
     old.ingest([block.data for block in [a, b, merge, modify]])
     old.close()
-    store = Store(tmp_path / "old" / DB_DIR, create=False)
-    recorded = codec.decode(store.get(NETWORK))
-    del recorded["causal_horizon"]
-    store.write({NETWORK: codec.encode(recorded)})
-    store.close()
+    _written_before(tmp_path / "old", "causal_horizon")
     upgraded = open_ledger(tmp_path / "old")
     fresh = open_ledger(tmp_path / "fresh")
     fresh.ingest([block.data for block in [a, b, merge, modify]])
@@ -811,11 +816,7 @@ def test_a_directory_written_before_the_absorption_horizon_is_folded_again_under
     old.ingest([first.data, far.data])
     assert old.view().status(far.cid).into == first.cid
     old.close()
-    store = Store(tmp_path / "old" / DB_DIR, create=False)
-    recorded = codec.decode(store.get(NETWORK))
-    del recorded["absorption_horizon"]
-    store.write({NETWORK: codec.encode(recorded)})
-    store.close()
+    _written_before(tmp_path / "old", "absorption_horizon")
     upgraded = open_ledger(tmp_path / "old")
     fresh = open_ledger(tmp_path / "fresh")
     fresh.ingest([far.data, first.data])
