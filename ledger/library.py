@@ -1013,7 +1013,7 @@ class Library:
         resolves through it to the end of the chain it resolved through before, so no experience changes. The
         new add is absorbed where it sorts; each add taken over becomes its alias and says it is absorbed into
         it. With the absorption horizon a copy inside a cluster is such an add (it takes over the copies of its
-        window that had no near-duplicate in theirs before it), which any peer can sign at any clock."""
+        window whose earlier near-duplicates in theirs all sort after it), which any peer can sign at any clock."""
         txn, records = work.records.txn, work.records
         txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
         absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
