@@ -130,7 +130,7 @@ def _two_adds_and_their_merge():
 def _a_near_copy_of_a_merged_source():
     """a and b merged at clock 5, and a near copy of a (clock 2, absorbed into it) that the merge does not name."""
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
+    near_copy = _copy(2, 4)
     return a, near_copy, b, _merge((a, b), clock=5, parents=[a.cid, b.cid, near_copy.cid])
 
 
@@ -249,21 +249,21 @@ def test_operations_wait_for_missing_dependencies_across_restarts(tmp_path):
     node.close()
 
 
-def _sorting_before(first, **fields):
-    """A copy of SEED_TEXTS[0] at clock 1 from a new author that sorts before `first` (clock 1 too)."""
-    return next(
-        block
-        for key in range(60, 120)
-        if (block := f.signed(f.operation(Kind.ADD, clock=1, content=f.content(), **fields), f.author(key))).cid
-        < first.cid
-    )
+def _copy(clock, key, **fields):
+    """An add of SEED_TEXTS[0] (every copy nearly duplicates every other) at `clock` by author `key`."""
+    return f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(), **fields), f.author(key))
+
+
+def _sorting_before(first, clock=1):
+    """A copy of SEED_TEXTS[0] at `clock` from a new author that sorts before `first` (at that clock too)."""
+    return next(block for key in range(60, 120) if (block := _copy(clock, key)).cid < first.cid)
 
 
 def test_a_late_copy_sorting_first_renames_the_experience_in_place(tmp_path):
     """A copy that sorts before the first of its copies takes them over (§7.6): the experience they stood for is
     now the copy's, with its modifies, votes, merge and supporters, and nothing is folded again."""
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
-    copies = [f.signed(f.operation(Kind.ADD, clock=2 + i, content=f.content()), f.author(4 + i)) for i in range(2)]
+    copies = [_copy(2 + i, 4 + i) for i in range(2)]
     modify = op(Kind.MODIFY, key=2, clock=4, parents=[copies[0].cid], target=copies[0].cid, content=f.content(TEXT_B))
     votes = [
         op(Kind.VOTE, key=3, clock=4, parents=[copies[1].cid], target=copies[1].cid, vote=1),
@@ -384,12 +384,10 @@ def test_hundreds_of_copies_folded_batch_by_batch_hold_what_a_node_given_them_at
 
 def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes_in_place(tmp_path):
     a = f.add()
-    copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(4))
+    copy = _copy(2, 4)
     vote = op(Kind.VOTE, key=3, clock=3, parents=[copy.cid], target=copy.cid, vote=1)
     delete = op(Kind.DELETE, key=5, clock=3, parents=[a.cid], target=a.cid, reason="wrong")
-    late = _sorting_before(
-        a,
-    )
+    late = _sorting_before(a)
     node, refolded = _late_then_all_at_once(tmp_path, [a, copy, vote, delete], late)
     assert refolded == 0
     record = node.view().experience(late.cid)
@@ -429,11 +427,6 @@ def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_a
     node.close()
 
 
-def _copy(clock, key, **fields):
-    """An add of SEED_TEXTS[0] (every copy nearly duplicates every other) at `clock` by author `key`."""
-    return f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(), **fields), f.author(key))
-
-
 def test_near_duplicates_further_apart_than_the_absorption_horizon_stay_apart_unless_a_chain_joins_them(tmp_path):
     """An add is absorbed only into a near-duplicate at most `absorption_horizon` clocks below it (§7.6): copies
     at clocks 1 and 4 stand apart with a horizon of 2; one at clock 3 joins them, each absorbed into the earliest
@@ -469,7 +462,7 @@ def test_a_late_copy_inside_a_chain_takes_over_copies_of_its_own_experience_in_p
     clock 3 that sorts before the one there is absorbed into the first and is now the earliest copy in the window
     of the one at 5: it takes that one over, which changes no experience, so nothing is folded again."""
     chain = [_copy(1, 1), _copy(3, 2), _copy(5, 3)]
-    late = next(block for key in range(10, 80) if (block := _copy(3, key)).cid < chain[1].cid)
+    late = _sorting_before(chain[1], clock=3)
     node, refolded = _late_then_all_at_once(tmp_path, chain, late, absorption=2)
     assert refolded == 0
     view = node.view()
