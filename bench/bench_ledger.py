@@ -1,6 +1,7 @@
 """Ledger benchmark: ingest up to a million operations, the cost of a late operation, stalls, memory, restart.
 
 Usage: python -m bench.bench_ledger [--ops N] [--checkpoints 10000,100000] [--batch B] [--model hashing]
+                                   [--absorption-horizon H]
 
 Figures, all from one run on one stream of operations (bench/workload.py):
   ingest        validate + check embeddings + store + log + fold + index, ops/s per tenth of the run,
@@ -48,12 +49,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.workload import operations
+from bench.workload import REPEATED, operations
 from ledger.cid import CID
 from ledger.embedder import embedder_for, pack_float16
 from ledger.ingest import Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
+from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.records import Outcome
@@ -188,10 +190,15 @@ class _ComponentProbe:
 IN_PLACE = ("modify", "delete", "absorbed add")
 
 
+def _largest(ledger: Ledger) -> tuple[bytes, int]:
+    """The largest component's id and its number of experiences."""
+    sizes = ((key[1:], read_u64(raw)) for key, raw in ledger.store.scan(COMPONENT_SIZE))
+    return max(sizes, key=lambda item: (item[1], item[0]))
+
+
 def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     """Probe the largest component with operations signed by new keys (`probe`: a serial for the keys)."""
-    sizes = ((key[1:], read_u64(raw)) for key, raw in ledger.store.scan(COMPONENT_SIZE))
-    component, size = max(sizes, key=lambda item: (item[1], item[0]))
+    component, size = _largest(ledger)
     view = ledger.view()
     members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
     roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
@@ -247,6 +254,100 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         statistics.median(voided) if voided else None,
         statistics.median(again) if again else None,
     )
+
+
+#: texts near the workload's repeated insight, each with one near it but not near the insight, no text of a pair
+#: near one of another pair (found by a search over one-word insertions with the default model; checked before use)
+REGROUPING_TEXTS = (
+    (
+        "When all working on geometry problems with intersections, check the boundary cases.",
+        "When all all working on geometry problems with intersections, check the boundary cases.",
+    ),
+    (
+        "When both working on geometry problems with intersections, check the boundary cases.",
+        "When also both working on geometry problems with intersections, check the boundary cases.",
+    ),
+    (
+        "When carefully working on geometry problems with intersections, check the boundary cases.",
+        "When carefully carefully working on geometry problems with intersections, check the boundary cases.",
+    ),
+)
+
+
+@dataclass
+class _RegroupProbe:
+    """What one peer can make a node spend moving adds between experiences of the repeated insight's cluster (a
+    late add that takes over adds whose chains end in other experiences, PROTOCOL.md 7.6): seconds, medians of 3."""
+
+    copies: int  # the insight's copies
+    split: float  # an add near an add absorbed into the insight (and so in its experience) but not near the insight
+    join: float  # then a copy of the insight near that add's experience, which has a modify: it joins the two
+    refolded: int  # the operations all of them folded again
+
+
+def _splits_and_joins(ledger: Ledger, probe: int, region: int, clocks: list[int]) -> _RegroupProbe | None:
+    """Split and join the repeated insight's experience (its copies at `clocks`), each round with its own texts,
+    signed by keys of this probe (`probe`: its serial), in a region of the insight's clocks no earlier probe used
+    (`region`: how many did); None where the copies span too few clocks or the model does not place the texts as
+    this needs.
+
+    Per round, with X near the insight and Y near X but not near the insight, at a clock `a` just above a copy:
+    X at `a` (absorbed into a copy within the horizon below it), Y at `a` + 1 (absorbed into X); then Y at `a` - H,
+    which sorts before X's F and takes X over, and with it Y: the two leave the insight's experience (a split).
+    A modify of that late Y, then X at `a` - H - 1: absorbed into a copy below, it takes the late Y over, and
+    the experience Y stood for joins the insight's (a join)."""
+    params = ledger.params
+    embedder = embedder_for(params)
+    texts = [REPEATED, *(text for pair in REGROUPING_TEXTS for text in pair)]
+    contents = {
+        text: Experience(text, ("math", "geometry"), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
+        for text, vector in zip(texts, (pack_float16(values) for values in embedder.embed(texts)), strict=True)
+    }
+
+    def near(a: str, b: str) -> bool:
+        threshold = params.near_duplicate_cosine
+        return exact_cosine_exceeds(contents[a].embedding.values, contents[b].embedding.values, threshold)
+
+    if not all(near(REPEATED, x) and near(x, y) and not near(REPEATED, y) for x, y in REGROUPING_TEXTS):
+        return None
+    horizon = params.absorption_horizon
+    copied = set(clocks)
+    lowest = clocks[0] + 2 * horizon + 1 + 4 * horizon * region if clocks else 0  # below: earlier probes' regions
+
+    def fits(a: int) -> bool:  # a copy below the late X within the horizon; no copy at the late adds' clocks
+        below = any(a - 2 * horizon - 1 <= clock < a - horizon - 1 for clock in clocks)
+        return a >= lowest and below and not copied & {a - horizon, a - horizon - 1}
+
+    a = next((clock + 1 for clock in clocks if fits(clock + 1)), None)
+    if a is None:
+        return None
+
+    def signed(number: int, kind: Kind, clock: int, text: str, target: CID | None = None) -> Block:
+        late = Operation(kind, "", clock, (), 1_700_000_000, content=contents[text], target=target)
+        return sign(late, AuthorKey(bytes([160 + number, probe]) * 16))
+
+    splits, joins, refolded = [], [], 0
+    for round_, (x, y) in enumerate(REGROUPING_TEXTS):
+        _timed(ledger, signed(5 * round_, Kind.ADD, a, x).data)
+        _timed(ledger, signed(5 * round_ + 1, Kind.ADD, a + 1, y).data)
+        before, split = ledger.refolded, signed(5 * round_ + 2, Kind.ADD, a - horizon, y)
+        splits.append(_timed(ledger, split.data))
+        record = ledger.view().experience(split.cid)
+        assert record is not None and record.support == 3, f"the late Y took over X and Y: {record}"
+        _timed(ledger, signed(5 * round_ + 3, Kind.MODIFY, a - horizon + 1, x, target=split.cid).data)
+        join = signed(5 * round_ + 4, Kind.ADD, a - horizon - 1, x)
+        joins.append(_timed(ledger, join.data))
+        refolded += ledger.refolded - before
+        status = ledger.view().status(split.cid)
+        assert status is not None and status.into == join.cid, f"the late X took the late Y over: {status}"
+    return _RegroupProbe(len(clocks), statistics.median(splits), statistics.median(joins), refolded)
+
+
+def _noting_copies(block: Block, clocks: list[int]) -> bytes:
+    """The block's bytes, its clock noted in `clocks` if it adds the workload's repeated insight."""
+    if block.op.kind is Kind.ADD and block.op.content is not None and block.op.content.text == REPEATED:
+        clocks.append(block.op.clock)
+    return block.data
 
 
 def _copy_at_clock_1(content: Experience, key: AuthorKey, first: tuple[int, bytes], *, before: bool) -> Block:
@@ -313,8 +414,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", default="10000,100000", help="where to measure the late add and memory")
     parser.add_argument("--batch", type=int, default=1000, help="operations per ingest batch (one synced write)")
     parser.add_argument("--model", choices=["default", "hashing"], default="default", help="the network's embedder")
+    parser.add_argument(
+        "--absorption-horizon", type=int, default=NetworkParams.absorption_horizon, help="the network's (PROTOCOL 5)"
+    )
     args = parser.parse_args(argv)
-    params = NetworkParams() if args.model == "default" else NetworkParams(embedding_model="feature-hash-v1")
+    model = {} if args.model == "default" else {"embedding_model": "feature-hash-v1"}
+    params = NetworkParams(**model, absorption_horizon=args.absorption_horizon)
     checkpoints = sorted({int(c) for c in args.checkpoints.split(",") if int(c) <= args.ops} | {args.ops})
 
     sample = [block.data for block in operations(min(args.ops, 20_000), params, seed=7)]
@@ -323,6 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     tenth = max(1, args.ops // 10)
     tenths, batch_times, batch_cpus, marks = [], [], [], []
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
+    regroups: list[_RegroupProbe | None] = []  # per checkpoint: splits and joins of the repeated insight
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -331,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         gc.freeze()  # as the daemon does once started: full collections skip the start-up objects
         querier = _Querier(ledger)
         querier.start()
-        stream = (block.data for block in operations(args.ops, params))
+        copies: list[int] = []  # the clocks of the workload's copies of its repeated insight
+        stream = (_noting_copies(block, copies) for block in operations(args.ops, params))
         done, ingest_seconds, tenth_start, serial = 0, 0.0, 0.0, 10_000_000
         writer_cpu, cpu_start, cpu_done = 0.0, (_process_cpu(), time.thread_time()), 0
         threads_start = _threads_cpu()
@@ -361,6 +468,8 @@ def main(argv: list[str] | None = None) -> int:
                 serial += 100
                 marks.append((checkpoints.pop(0), early, last, _rss_mb(), ledger.live_count()))
                 components.append(_largest_component(ledger, len(components)))
+                region = sum(1 for regroup in regroups if regroup is not None)  # the regions of clocks used
+                regroups.append(_splits_and_joins(ledger, len(regroups), region, sorted(copies)))
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(
@@ -433,6 +542,15 @@ def main(argv: list[str] | None = None) -> int:
         if probe.merge_voided is not None and probe.voided_again is not None:
             voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
             print(f"  {'':16} a delete that voids a merge {voided:,.1f} ms, another once it is void {again:,.1f} ms")
+    for (size, *_), regroup in zip(marks, regroups, strict=True):
+        if regroup is None:
+            print(f"  at {size:>9,} ops: the repeated insight spans too few clocks to split and join it")
+            continue
+        split, join = regroup.split * 1000, regroup.join * 1000
+        print(
+            f"  at {size:>9,} ops: the repeated insight ({regroup.copies:,} copies): a split {split:,.1f} ms, "
+            f"a join {join:,.1f} ms (folded {regroup.refolded:,} operations again)"
+        )
     median_batch = statistics.median(batch_times)
     longest = max(range(len(batch_times)), key=batch_times.__getitem__)
     print(

@@ -40,6 +40,8 @@ OBJECTS = [
     "the symmetric cases",
 ]
 
+#: the insight 2% of adds repeat on purpose (near-duplicates): the largest cluster of copies
+REPEATED = f"When working on {SUBJECTS[0]}, {VERBS[0]} {OBJECTS[0]}."
 #: experiences further back than this are no longer targeted (a living library's activity is recent)
 _WINDOW = 5000
 #: share of each kind in the stream; votes dominate, as usage feedback does in a living library
@@ -59,7 +61,7 @@ def _word(serial: int) -> str:
 def _text(rng: random.Random, serial: int) -> str:
     """Mostly distinct texts (a serial word and random pseudo-words); 2% repeat on purpose (near-duplicates)."""
     if rng.random() < 0.02:
-        return f"When working on {SUBJECTS[0]}, {VERBS[0]} {OBJECTS[0]}."
+        return REPEATED
     noise = " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=6)) for _ in range(4))
     return f"When working on {rng.choice(SUBJECTS)}, {rng.choice(VERBS)} {rng.choice(OBJECTS)} {noise} {_word(serial)}."
 

@@ -911,14 +911,13 @@ class Library:
         if records.record(target) is None:  # a merge that is void created no experience
             txn.put(status_key(cid), _not_experience(target).pack())
             return True
+        if op.kind is Kind.MODIFY:
+            txn.put(status_key(cid), self._modify_in_place(records, cid, op, order).pack())
+            return True
         exp_id = self._resolved_at(records, target, order)
         record = records.record(exp_id)
         assert record is not None
         deleted_before = any(self._order(txn, delete.raw) < order for delete in record.deleted_by)
-        if op.kind is Kind.MODIFY:
-            status = _superseded_by_delete() if deleted_before else self._add_head(records, cid, record, op)
-            txn.put(status_key(cid), status.pack())
-            return True
         if record.status is Life.ALIAS:  # a merge after the delete took E as a source: it is void now
             return False
         # E's modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
@@ -933,36 +932,87 @@ class Library:
         txn.put(status_key(cid), OpStatus.applied(exp_id).pack())
         return True
 
-    def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts, if it renames
-        one experience or changes none; False if it may change more (then the component is folded again).
+    def _modify_in_place(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
+        """Fold a modify where it sorts, acting on E, what its target resolved to there: void if a delete of E sorts
+        before it, else one of E's heads unless a head has it as an ancestor (heads are the maximal modifies, so
+        the order they are added in does not matter)."""
+        assert op.target is not None
+        exp_id = self._resolved_at(records, op.target.raw, order)
+        record = records.record(exp_id)
+        assert record is not None
+        if any(self._order(records.txn, delete.raw) < order for delete in record.deleted_by):
+            return _superseded_by_delete()
+        return self._add_head(records, cid, record, op)
 
-        It changes none if it is absorbed, none of the adds it takes over was first among its own, and each one's
-        chain of earliest adds ends where its F's does (`_repoint_within`). It renames one if it is absorbed into
-        no add, exactly one of the adds it takes over, R, was first among its own (stood for an experience), and
-        every other one's chain of earliest adds ended at R. Then every add that resolved to R resolves to the
-        new add, every other one to what it did, and no operation of R's experience sorts before R: the new add's
-        record is R's with its own id, creator and clock (and its text, unless a modify's is visible) and one
-        more supporter, R and the adds taken over are its aliases, and what named R as its experience names the
-        new add (the verdicts of modifies and deletes, the counted votes, moved by the fold as a root's that
-        became an alias, and the merge R went into, which with the merges after it gains the supporter). A copy
-        of an insight sorting before all its copies, which one peer can sign again and again, folded the 1M
-        workload's largest component again: 1.4-2.0 s for 9,636 operations.
+    def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
+        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if an
+        experience it moves adds out of or into has operations this cannot move (then the component is folded
+        again).
+
+        The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
+        keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
+        largest experience whose first add it takes over, which it renames (`_rename`). Every other group moves
+        into what the new add stands for: a whole experience whose first it takes over if that is live and no
+        merge took it (`_absorb_experience`: a join), or else the adds whose chains pass through the adds taken
+        over, if nothing names them (`_split_off`: they leave their experience). Each costs what it moves, not
+        the component: one peer could sign a copy near the first adds of two experiences, or near an add but not
+        its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for each.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
         into = txn.get(absorbs_key(cid))
-        firsts = [add for add, before in taken.items() if before is None]
-        if len(firsts) != (0 if into is not None else 1):
-            return False
-        ends = _chain_ends(txn, taken, [*taken, into] if into is not None else list(taken))
-        end = ends[into] if into is not None else firsts[0]
-        if any(ends[add] != end for add in taken):
-            return False
+        # the chains as they were when this add was placed: adds of the batch that sort after it, not folded yet,
+        # may have taken over adds on them since
+        earlier = {
+            add: before
+            for later, pairs in work.takes_over.items()
+            if self._order(txn, later) > order
+            for add, before in pairs
+        } | taken
+        ends = _chain_ends(txn, earlier, [*taken, into] if into is not None else list(taken))
+        groups: dict[bytes, list[bytes]] = {}
+        for add in taken:
+            groups.setdefault(ends[add], []).append(add)
+        firsts = [end for end in groups if end in taken]  # a group whose end is taken holds that first add
+        kept = ends[into] if into is not None else max(firsts, key=lambda end: _support(records, end), default=None)
+        joined, split = [], []
+        for end in sorted(groups.keys() - {kept}):
+            if end in taken:  # its first: the whole experience moves
+                record = records.record(end)
+                assert record is not None
+                if record.status is not Life.LIVE:
+                    return False
+                joined.append(end)
+                continue
+            carried = _carried_through(txn, earlier, set(taken), set(groups[end]), self._absorbed_along(records, end))
+            if any(next(iter(txn.scan(by_target_prefix(add))), None) is not None for add in carried):
+                return False  # an operation names an add leaving: what it acted on would change
+            split.append((end, carried))
         if into is not None:
-            self._repoint_within(work, cid, op, order, taken)
-            return True
-        old = firsts[0]
+            self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
+        elif kept is not None:
+            self._rename(work, component, cid, op, kept, {add: taken[add] for add in groups[kept]})
+        else:
+            records.put(_new_record(cid, op, support=1))
+            txn.put(status_key(cid), OpStatus.applied(cid).pack())
+        for end in joined:
+            self._absorb_experience(work, cid, end, {add: taken[add] for add in groups[end]})
+        for end, carried in split:
+            self._split_off(work, cid, end, {add: taken[add] for add in groups[end]}, carried)
+        return True
+
+    def _rename(
+        self, work: _Work, component: bytes, cid: bytes, op: Operation, old: bytes, taken: dict[bytes, bytes | None]
+    ) -> None:
+        """Fold a late add absorbed into no add that takes over the first add R of an experience and adds whose
+        chains end at R (`taken`): every add that resolved to R resolves to the new add, and no operation of R's
+        experience sorts before R. The new add's record is R's with its own id, creator and clock (and its text,
+        unless a modify's is visible) and one more supporter, R and the adds taken over are its aliases, and what
+        named R as its experience names the new add (the verdicts of modifies and deletes, the counted votes,
+        moved by the fold as a root's that became an alias, and the merge R went into, which with the merges
+        after it gains the supporter). A copy of an insight sorting before all its copies, which one peer can sign
+        again and again, folded the 1M workload's largest component again: 1.4-2.0 s for 9,636 operations."""
+        txn, records = work.records.txn, work.records
         record = records.record(old)
         assert record is not None
         assert record.alias_of is None or self.meta(txn, record.alias_of.raw).kind is Kind.MERGE, "R stood for itself"
@@ -1004,7 +1054,6 @@ class Library:
                 and txn.get(status := status_key(order_cid(parse_component_op_key(key)))) == applied_to_old
             ):
                 txn.put(status, applied)
-        return True
 
     def _repoint_within(
         self, work: _Work, cid: bytes, op: Operation, order: bytes, taken: dict[bytes, bytes | None]
@@ -1022,6 +1071,104 @@ class Library:
             records.realias(add, before, cid)
             work.repointed.add(add)  # it resolves to what it did: its votes count where they did
             txn.put(status_key(add), absorbed)
+
+    def _absorb_experience(self, work: _Work, cid: bytes, first: bytes, taken: dict[bytes, bytes | None]) -> None:
+        """Move a live experience that no merge took into what the late add `cid` stands for (a join, §7.6): its
+        first add (`first`) and the adds taken over with it become aliases of the new add, each of its adds adds
+        to the support of what it joins where it sorts, and its modifies are folded again there where they sort
+        (`_modify_in_place`). It has no deletes (it is live); merges naming it are void and stay void (their
+        rules read the operations naming their targets, and a delete of any experience involved is final); its
+        counted votes move with it (`_move_counts`: a root that became an alias)."""
+        txn, records = work.records.txn, work.records
+        record = records.record(first)
+        assert record is not None and record.status is Life.LIVE
+        adds = [first, *(add.raw for add in record.absorbed)]
+        applied = OpStatus.applied(first).pack()
+        modifies = sorted(
+            parse_by_target_key(key)[1]
+            for add in adds
+            for key, _ in txn.scan(by_target_prefix(add, _KIND_BYTE[Kind.MODIFY]))
+            if txn.get(status_key(order_cid(parse_by_target_key(key)[1]))) == applied
+        )
+        records.put(_alias(first, load_stored(txn.block(first)), cid))
+        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
+        for add, before in taken.items():
+            if before is not None:
+                records.realias(add, before, cid)
+                work.repointed.add(add)  # its votes were counted on the first's experience, and move with them
+            txn.put(status_key(add), absorbed)
+        self._carry(records, cid, [(self._order(txn, add), add) for add in adds], gain=True)
+        for modify in modifies:
+            modify_cid = order_cid(modify)
+            op = work.fold.operations.get(modify_cid) or load_stored(txn.block(modify_cid))
+            txn.put(status_key(modify_cid), self._modify_in_place(records, modify_cid, op, modify).pack())
+
+    def _split_off(
+        self, work: _Work, cid: bytes, end: bytes, taken: dict[bytes, bytes | None], carried: list[bytes]
+    ) -> None:
+        """Move the adds whose chains of earliest adds pass through adds the late add `cid` takes over (`carried`,
+        which no operation names) out of the experience their chains end in (at `end`) and into what the new add
+        stands for: each leaves the support of what it joined where it sorts and adds to that of its new one; the
+        adds taken over become aliases of the new add."""
+        txn, records = work.records.txn, work.records
+        orders = [(self._order(txn, add), add) for add in carried]
+        self._carry(records, end, orders, gain=False)
+        absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
+        for add, before in taken.items():
+            assert before is not None, "an add whose chain ends elsewhere was absorbed"
+            records.realias(add, before, cid)
+            work.repointed.add(add)  # nothing names it: no vote counted through it
+            txn.put(status_key(add), absorbed)
+        self._carry(records, cid, orders, gain=True)
+
+    def _carry(self, records: _Records, start: bytes, adds: list[tuple[bytes, bytes]], *, gain: bool) -> None:
+        """Add absorbed adds (order, CID) to what `start` resolves to where each sorts, or take them out of it: the
+        record listing each, and the merges above it, gain or lose one supporter per add (as `_add` did)."""
+        stops, end = self._merge_stops(records, start)
+        listed: dict[bytes, list[bytes]] = {}
+        for order, add in adds:
+            stands = next((exp_id for exp_id, merged in stops if merged > order), end)
+            listed.setdefault(stands, []).append(add)
+        count = 0
+        for exp_id in [*(exp_id for exp_id, _ in stops), end]:
+            count += len(listed.get(exp_id, ()))
+            if not count:
+                continue
+            record = records.record(exp_id)
+            assert record is not None
+            record.support += count if gain else -count
+            if gain and exp_id in listed:
+                record.absorbed = _sorted_cids([*(add.raw for add in record.absorbed), *listed[exp_id]])
+            elif exp_id in listed:
+                leaving = set(listed[exp_id])
+                record.absorbed = [add for add in record.absorbed if add.raw not in leaving]
+            records.put(record)
+
+    def _merge_stops(self, records: _Records, start: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
+        """The records on `start`'s chain of aliases that are aliases of merges, each with that merge's order,
+        and the chain's end: where an operation sorting at `order` resolves `start` (`_resolved_at`) is the first
+        of them whose merge sorts after it, or the end."""
+        stops, exp_id = [], start
+        record = records.record(exp_id)
+        while record is not None and record.status is Life.ALIAS:
+            assert record.alias_of is not None
+            link = record.alias_of.raw
+            if self.meta(records.txn, link).kind is Kind.MERGE:
+                stops.append((exp_id, self._order(records.txn, link)))
+            exp_id, record = link, records.record(link)
+        return stops, exp_id
+
+    @staticmethod
+    def _absorbed_along(records: _Records, end: bytes) -> list[bytes]:
+        """The adds absorbed into the experience whose first add is `end`, among others: the lists of its record
+        and of the merges it went into (an add absorbed after a merge is listed by the merge)."""
+        found, link = [], CID(end)
+        while link is not None:
+            record = records.record(link.raw)
+            assert record is not None
+            found.extend(add.raw for add in record.absorbed)
+            link = record.alias_of
+        return found
 
     def _absorb_late(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
         """A late add absorbed into an earlier one, F, and first among no later adds of another experience (§7.6):
@@ -1319,21 +1466,50 @@ class Library:
         return None
 
 
-def _chain_ends(txn: Transaction, taken: dict[bytes, bytes | None], starts: list[bytes]) -> dict[bytes, bytes]:
+def _chain_ends(txn: Transaction, earlier: dict[bytes, bytes | None], starts: list[bytes]) -> dict[bytes, bytes]:
     """For each of `starts` (and the adds on the way), the end of its chain of earliest adds before a late add
-    that takes over `taken` (each with its earliest before; the others' is stored)."""
+    took adds over (`earlier`: the earliest add each had before, which the stored one replaced; None: none)."""
     ends: dict[bytes, bytes] = {}
     for start in starts:
         chain, add = [], start
         while add not in ends:
             chain.append(add)
-            before = taken[add] if add in taken else txn.get(absorbs_key(add))
+            before = earlier[add] if add in earlier else txn.get(absorbs_key(add))
             if before is None:
                 ends[add] = add
             else:
                 add = before
         ends.update(dict.fromkeys(chain, ends[add]))
     return ends
+
+
+def _carried_through(
+    txn: Transaction, earlier: dict[bytes, bytes | None], taken: set[bytes], group: set[bytes], candidates: list[bytes]
+) -> list[bytes]:
+    """Which `candidates` have a chain of earliest adds (as `_chain_ends` follows it) passing through an add of
+    `group`, among the adds `taken` over: they go where it goes. Each add on the way is read once."""
+    through: dict[bytes, bool] = {}
+    for start in candidates:
+        chain, add = [], start
+        while add not in through:
+            if add in taken:
+                through[add] = add in group
+                break
+            chain.append(add)
+            before = earlier[add] if add in earlier else txn.get(absorbs_key(add))
+            if before is None:
+                through[add] = False
+                break
+            add = before
+        through.update(dict.fromkeys(chain, through[add]))
+    return [add for add in candidates if through[add]]
+
+
+def _support(records: _Records, exp_id: bytes) -> tuple[int, bytes]:
+    """The experience's support, then its id: the largest experience a takeover joins keeps its record."""
+    record = records.record(exp_id)
+    assert record is not None
+    return record.support, exp_id
 
 
 def _stands_for(record: ExperienceRecord | None) -> tuple[bool, CID | None]:

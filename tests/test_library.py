@@ -411,9 +411,9 @@ def test_a_late_copy_sorting_first_and_a_merge_of_it_in_one_batch_count_the_vote
     node.close()
 
 
-def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_again(tmp_path):
+def test_a_late_copy_sorting_first_among_two_experiences_joins_them_in_place(tmp_path):
     """A copy near the first adds of two experiences (near-duplicates that share no hash band) takes both over,
-    which joins them: more changes than a name, so the component is folded again."""
+    which joins them: the larger is renamed, the other absorbed into it, without folding the component again."""
     texts = [
         "When solving geometry problems with intersections, check many the bounds of every region.",
         "When solving geometry problems with intersections, check the bounds every region.",
@@ -423,7 +423,76 @@ def test_a_late_copy_sorting_first_among_two_experiences_folds_their_component_a
              enumerate(texts)]  # fmt: skip
     late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content(texts[2])), f.author(9))
     node, refolded = _late_then_all_at_once(tmp_path, chain, late)
+    assert refolded == 0
+    view = node.view()
+    assert all(view.status(block.cid).into == late.cid for block in chain)
+    assert view.experience(late.cid).support == 4
+    node.close()
+
+
+#: the middle one is found near each of the others (their cosine is above the threshold and they share a hash
+#: band, §7.6), the outer two are not found near each other (as in tests/test_convergence.py's `_COPIED`)
+NEAR = (
+    "When solving geometry problems with intersections, always check the bounds.",
+    "When solving geometry problems with intersections, check the bounds.",
+    "When solving geometry problems with intersections, check all of the bounds.",
+)
+
+
+def _add_of(text, clock, key):
+    return f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(text)), f.author(key))
+
+
+def test_a_late_copy_joining_an_experience_with_a_modify_and_a_vote_folds_them_where_they_sort(tmp_path):
+    """The copy at clock 1 is near the first adds of two experiences that are not near each other: the larger keeps
+    its record under the copy's name, the other's adds, modify and counted vote join it (`_absorb_experience`),
+    without folding the component again."""
+    larger, copy = _add_of(NEAR[0], 3, 1), _add_of(NEAR[0], 4, 2)
+    other = _add_of(NEAR[2], 4, 3)
+    modify = op(Kind.MODIFY, key=4, clock=5, parents=[other.cid], target=other.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=5, clock=5, parents=[other.cid], target=other.cid, vote=1)
+    late = _add_of(NEAR[1], 1, 6)
+    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, modify, vote], late)
+    assert refolded == 0
+    view = node.view()
+    record = view.experience(late.cid)
+    assert record.support == 4 and record.heads == [modify.cid] and record.version == modify.cid and record.up == 1
+    assert view.status(modify.cid).experience == late.cid and view.status(other.cid).into == late.cid
+    assert view.experience(other.cid).alias_of == late.cid and view.experience(other.cid).up == 0
+    node.close()
+
+
+def _split_history():
+    """An experience whose first add is not near the last add absorbed into it: the third is absorbed into the
+    second, which alone of the two earlier ones it is near."""
+    return _add_of(NEAR[0], 3, 1), _add_of(NEAR[1], 4, 2), _add_of(NEAR[2], 5, 3)
+
+
+def test_a_late_copy_near_absorbed_adds_but_not_their_first_takes_them_out_of_its_experience(tmp_path):
+    """A copy of the third at clock 1 is near the second and the third but not the first: it takes the second over,
+    and with it the third, out of the first's experience (`_split_off`), without folding the component again."""
+    first, second, third = _split_history()
+    vote = op(Kind.VOTE, key=4, clock=4, parents=[first.cid], target=first.cid, vote=1)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.experience(first.cid).support == 1 and view.experience(first.cid).absorbed == []
+    assert view.experience(first.cid).up == 1
+    assert view.experience(late.cid).support == 3 and view.status(second.cid).into == late.cid
+    assert view.resolve(third.cid) == late.cid
+    node.close()
+
+
+def test_a_late_copy_taking_out_an_add_an_operation_names_folds_the_component_again(tmp_path):
+    """A vote naming the third counted on the first's experience; taking the third out moves it, which the
+    in-place split does not do: the component is folded again, to the same state."""
+    first, second, third = _split_history()
+    vote = op(Kind.VOTE, key=4, clock=6, parents=[third.cid], target=third.cid, vote=1)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
     assert refolded > 0
+    assert node.view().experience(late.cid).up == 1 and node.view().experience(first.cid).up == 0
     node.close()
 
 
