@@ -415,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=1000, help="operations per ingest batch (one synced write)")
     parser.add_argument("--model", choices=["default", "hashing"], default="default", help="the network's embedder")
     parser.add_argument(
-        "--absorption-horizon", type=int, default=NetworkParams.absorption_horizon, help="the network's (PROTOCOL 5)"
+        "--absorption-horizon", type=int, default=NetworkParams().absorption_horizon, help="the network's (PROTOCOL 5)"
     )
     args = parser.parse_args(argv)
     model = {} if args.model == "default" else {"embedding_model": "feature-hash-v1"}

@@ -945,9 +945,9 @@ class Library:
         return self._add_head(records, cid, record, op)
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if an
-        experience it moves adds out of or into has operations this cannot move (then the component is folded
-        again).
+        """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
+        would join an experience that is deleted or an alias to another, or take adds that an operation names out
+        of theirs (then the component is folded again).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
