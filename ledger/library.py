@@ -946,15 +946,15 @@ class Library:
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
-        would join an experience that is deleted or an alias to another, or take adds that an operation names out
-        of theirs (then the component is folded again).
+        would join an experience that is deleted or an alias to another, or take adds that a modify, delete or
+        merge names out of theirs (then the component is folded again).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
         largest experience whose first add it takes over, which it renames (`_rename`). Every other group moves
         into what the new add stands for: a whole experience whose first it takes over if that is live and no
         merge took it (`_absorb_experience`: a join), or else the adds whose chains pass through the adds taken
-        over, if nothing names them (`_split_off`: they leave their experience). Each costs what it moves, not
+        over, if only votes name them (`_split_off`: they leave their experience). Each costs what it moves, not
         the component: one peer could sign a copy near the first adds of two experiences, or near an add but not
         its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for each.
         """
@@ -985,9 +985,10 @@ class Library:
                 joined.append(end)
                 continue
             carried = _carried_through(txn, earlier, set(taken), set(groups[end]), self._absorbed_along(records, end))
-            if any(next(iter(txn.scan(by_target_prefix(add))), None) is not None for add in carried):
-                return False  # an operation names an add leaving: what it acted on would change
-            split.append((end, carried))
+            naming = {parse_by_target_key(key)[0] for add in carried for key, _ in txn.scan(by_target_prefix(add))}
+            if naming - {_KIND_BYTE[Kind.VOTE]}:
+                return False  # a modify, delete or merge of an add leaving would act on another experience
+            split.append((end, carried, bool(naming)))
         if into is not None:
             self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
         elif kept is not None:
@@ -997,8 +998,8 @@ class Library:
             txn.put(status_key(cid), OpStatus.applied(cid).pack())
         for end in joined:
             self._absorb_experience(work, cid, end, {add: taken[add] for add in groups[end]})
-        for end, carried in split:
-            self._split_off(work, cid, end, {add: taken[add] for add in groups[end]}, carried)
+        for end, carried, voted in split:
+            self._split_off(work, cid, end, {add: taken[add] for add in groups[end]}, carried, voted)
         return True
 
     def _rename(
@@ -1104,20 +1105,34 @@ class Library:
             txn.put(status_key(modify_cid), self._modify_in_place(records, modify_cid, op, modify).pack())
 
     def _split_off(
-        self, work: _Work, cid: bytes, end: bytes, taken: dict[bytes, bytes | None], carried: list[bytes]
+        self,
+        work: _Work,
+        cid: bytes,
+        end: bytes,
+        taken: dict[bytes, bytes | None],
+        carried: list[bytes],
+        voted: bool,
     ) -> None:
         """Move the adds whose chains of earliest adds pass through adds the late add `cid` takes over (`carried`,
-        which no operation names) out of the experience their chains end in (at `end`) and into what the new add
-        stands for: each leaves the support of what it joined where it sorts and adds to that of its new one; the
-        adds taken over become aliases of the new add."""
+        which only votes name, if anything: `voted`) out of the experience their chains end in (at `end`) and into
+        what the new add stands for: each leaves the support of what it joined where it sorts and adds to that of
+        its new one; the adds taken over become aliases of the new add. Votes naming the adds leaving count
+        elsewhere now: then the fold counts the votes of the experiences that lost or gained members again
+        (`_tally`), which costs their members, not the component's operations."""
         txn, records = work.records.txn, work.records
         orders = [(self._order(txn, add), add) for add in carried]
         self._carry(records, end, orders, gain=False)
         absorbed = OpStatus(Outcome.ABSORBED, into=CID(cid)).pack()
         for add, before in taken.items():
             assert before is not None, "an add whose chain ends elsewhere was absorbed"
-            records.realias(add, before, cid)
-            work.repointed.add(add)  # nothing names it: no vote counted through it
+            if voted:  # read and written back, so the fold sees it resolve elsewhere and counts votes again
+                record = records.record(add)
+                assert record is not None and record.alias_of == CID(before)
+                record.alias_of = CID(cid)
+                records.put(record)
+            else:
+                records.realias(add, before, cid)
+                work.repointed.add(add)  # no vote counted through it: every count stays
             txn.put(status_key(add), absorbed)
         self._carry(records, cid, orders, gain=True)
 

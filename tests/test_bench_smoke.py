@@ -37,6 +37,11 @@ def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
     assert int(re.search(r"takes over ([\d,]+) adds", out).group(1).replace(",", "")) > 0, out
 
 
+def test_bench_ledger_runs_with_the_networks_horizon_and_says_when_a_split_does_not_fit(tmp_path: Path) -> None:
+    out = _run(tmp_path, "bench.bench_ledger", "--ops", "300", "--checkpoints", "300", "--batch", "100")
+    assert "the repeated insight spans too few clocks to split and join it" in out, out
+
+
 def test_disk_counts_a_file_with_two_names_once(tmp_path: Path) -> None:
     from bench.bench_ledger import _disk_bytes
 
