@@ -102,6 +102,8 @@ _KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
 #: the list held kinds, so any kind)
 _ACTS_ON = frozenset({_KIND_BYTE[Kind.MODIFY], _KIND_BYTE[Kind.DELETE], b""})
 _META_HEAD = struct.Struct(">QBBB")
+#: sorts after every order (u64 clock, CID)
+_LAST_ORDER = b"\xff" * 9
 #: operations whose metadata is cached (cleared when full): causality reads recent operations. The entries
 #: are plain tuples the garbage collector does not track, so the limit bounds memory only (a cache of
 #: objects was once unbounded, and full collections, which visit every tracked object, grew with it)
@@ -214,6 +216,9 @@ class _Records:
         self._dirty: set[bytes] = set()
         self.before: dict[bytes, ExperienceRecord | None] = {}
         self.recent: list[bytes] = []  # the records first read since the caller last cleared it
+        #: each record's key in the domain index as this fold last wrote it (None: none): a caller may change an
+        #: object it has put and put it again, so the old key cannot be read from the object put before
+        self._indexed: dict[bytes, bytes | None] = {}
         self._realiased: dict[bytes, bytes] = {}  # aliases rewritten unread (`realias`) -> what they were aliases of
 
     def get(self, key: bytes) -> bytes | None:
@@ -246,8 +251,8 @@ class _Records:
         old = self._load(exp_id)
         self._current[exp_id] = record
         self._dirty.add(exp_id)
-        was = by_domain_key(old.domain, exp_id) if old and old.live else None
-        now = by_domain_key(record.domain, exp_id) if record.live else None
+        was = self._indexed.get(exp_id, by_domain_key(old.domain, exp_id) if old and old.live else None)
+        now = self._indexed[exp_id] = by_domain_key(record.domain, exp_id) if record.live else None
         if was != now:
             if was is not None:
                 self.txn.delete(was)
@@ -273,8 +278,10 @@ class _Records:
         old = self._load(exp_id)
         if old is not None:
             self._dirty.add(exp_id)
-            if old.live:
-                self.txn.delete(by_domain_key(old.domain, exp_id))
+            was = self._indexed.get(exp_id, by_domain_key(old.domain, exp_id) if old.live else None)
+            if was is not None:
+                self.txn.delete(was)
+        self._indexed[exp_id] = None
         self._current[exp_id] = None
 
     def flush(self, pause: Callable[[], None] = NEVER.pause) -> None:
@@ -946,15 +953,16 @@ class Library:
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
-        would join an experience that is deleted or an alias to another, or take adds that a modify, delete or
-        merge names out of theirs (then the component is folded again).
+        would join an experience that is deleted or an alias to another, or take adds that a delete or merge
+        names out of theirs (then the component is folded again).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
         largest experience whose first add it takes over, which it renames (`_rename`). Every other group moves
         into what the new add stands for: a whole experience whose first it takes over if that is live and no
         merge took it (`_absorb_experience`: a join), or else the adds whose chains pass through the adds taken
-        over, if only votes name them (`_split_off`: they leave their experience). Each costs what it moves, not
+        over, if no delete or merge names them (`_split_off`: they leave their experience, and the modifies naming
+        them are folded again, `_move_modifies`). Each costs what it moves, not
         the component: one peer could sign a copy near the first adds of two experiences, or near an add but not
         its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for each.
         """
@@ -985,10 +993,11 @@ class Library:
                 joined.append(end)
                 continue
             carried = self._carried_through(work, earlier, groups[end])
-            naming = {parse_by_target_key(key)[0] for add in carried for key, _ in txn.scan(by_target_prefix(add))}
-            if naming - {_KIND_BYTE[Kind.VOTE]}:
-                return False  # a modify, delete or merge of an add leaving would act on another experience
-            split.append((end, carried, bool(naming)))
+            naming = [parse_by_target_key(key) for add in carried for key, _ in txn.scan(by_target_prefix(add))]
+            if {kind for kind, _ in naming} - {_KIND_BYTE[Kind.VOTE], _KIND_BYTE[Kind.MODIFY]}:
+                return False  # a delete or merge of an add leaving would act on another experience
+            modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
+            split.append((end, carried, modifies, any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)))
         if into is not None:
             self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
         elif kept is not None:
@@ -998,8 +1007,9 @@ class Library:
             txn.put(status_key(cid), OpStatus.applied(cid).pack())
         for end in joined:
             self._absorb_experience(work, cid, end, {add: taken[add] for add in groups[end]})
-        for end, carried, voted in split:
+        for end, carried, modifies, voted in split:
             self._split_off(work, cid, end, {add: taken[add] for add in groups[end]}, carried, voted)
+            self._move_modifies(work, component, modifies)
         return True
 
     def _rename(
@@ -1114,11 +1124,11 @@ class Library:
         voted: bool,
     ) -> None:
         """Move the adds whose chains of earliest adds pass through adds the late add `cid` takes over (`carried`,
-        which only votes name, if anything: `voted`) out of the experience their chains end in (at `end`) and into
-        what the new add stands for: each leaves the support of what it joined where it sorts and adds to that of
-        its new one; the adds taken over become aliases of the new add. Votes naming the adds leaving count
-        elsewhere now: then the fold counts the votes of the experiences that lost or gained members again
-        (`_tally`), which costs their members, not the component's operations."""
+        which votes name if `voted`, and no delete or merge) out of the experience their chains end in (at
+        `end`) and into what the new add stands for: each leaves the support of what it joined where it sorts and
+        adds to that of its new one; the adds taken over become aliases of the new add. Votes naming the adds
+        leaving count elsewhere now: then the fold counts the votes of the experiences that lost or gained members
+        again (`_tally`), which costs their members, not the component's operations."""
         txn, records = work.records.txn, work.records
         orders = [(self._order(txn, add), add) for add in carried]
         self._carry(records, end, orders, gain=False)
@@ -1135,6 +1145,33 @@ class Library:
                 work.repointed.add(add)  # no vote counted through it: every count stays
             txn.put(status_key(add), absorbed)
         self._carry(records, cid, orders, gain=True)
+
+    def _move_modifies(self, work: _Work, component: bytes, modifies: list[bytes]) -> None:
+        """Fold again, where they sort, the modifies (orders) of adds that left their experience: each leaves the
+        heads of the record it acted on, which are folded again from that record's other modifies (as after a
+        late delete: those before its first delete, if any), and acts on what its target resolves to now there."""
+        records, txn = work.records, work.records.txn
+        acted_on: dict[bytes, list[bytes]] = {}
+        folded = []  # not: a new one this fold has not reached (it acts on what its target resolves to then), or
+        for order in modifies:  # one void by its clock, which acts on nothing wherever it sorts
+            raw = txn.get(status_key(order_cid(order)))
+            if raw is None or self.clock_void(txn, self.meta(txn, order_cid(order))) is not None:
+                continue
+            folded.append(order)
+            status = OpStatus.unpack(raw)
+            if status.outcome is Outcome.APPLIED and status.experience is not None:
+                acted_on.setdefault(status.experience.raw, []).append(order)
+        for exp_id, leaving in sorted(acted_on.items()):
+            record = records.record(exp_id)
+            assert record is not None
+            staying = [(order, cid) for order, cid in self._modifies_on(txn, component, exp_id) if order not in leaving]
+            first_delete = min((self._order(txn, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
+            self._heads_before(records, record, staying, first_delete)
+            records.put(record)
+        for order in folded:
+            cid = order_cid(order)
+            op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
+            txn.put(status_key(cid), self._modify_in_place(records, cid, op, order).pack())
 
     def _carry(self, records: _Records, start: bytes, adds: list[tuple[bytes, bytes]], *, gain: bool) -> None:
         """Add absorbed adds (order, CID) to what `start` resolves to where each sorts, or take them out of it: the

@@ -496,16 +496,34 @@ def test_a_late_copy_taking_out_an_add_a_vote_names_counts_the_vote_where_the_ad
     node.close()
 
 
-def test_a_late_copy_taking_out_an_add_a_modify_names_folds_the_component_again(tmp_path):
-    """The modify of the third is a head of the first's experience; taking the third out moves it, which the
-    in-place split does not do: the component is folded again, to the same state."""
+def test_a_late_copy_taking_out_an_add_a_modify_names_folds_the_modify_again_where_it_goes(tmp_path):
+    """The modify of the third was the first experience's head, over an earlier modify of the first; taking the
+    third out gives the first its heads again from its other modifies, and the modify joins the new add's heads,
+    without folding the component again."""
     first, second, third = _split_history()
-    modify = op(Kind.MODIFY, key=4, clock=6, parents=[third.cid], target=third.cid, content=f.content(TEXT_B))
+    earlier = op(Kind.MODIFY, key=6, clock=4, parents=[first.cid], target=first.cid, content=f.content(TEXT_C))
+    modify = op(
+        Kind.MODIFY, key=4, clock=6, parents=[third.cid, earlier.cid], target=third.cid, content=f.content(TEXT_B)
+    )
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, modify], late)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, earlier, modify], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.experience(late.cid).heads == [modify.cid] and view.status(modify.cid).experience == late.cid
+    assert view.experience(first.cid).heads == [earlier.cid] and view.experience(first.cid).version == earlier.cid
+    node.close()
+
+
+def test_a_late_copy_taking_out_an_add_a_delete_names_folds_the_component_again(tmp_path):
+    """The delete of the third deleted the first's experience; taking the third out would make it live again,
+    which the in-place split does not do: the component is folded again, to the same state."""
+    first, second, third = _split_history()
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete], late)
     assert refolded > 0
     view = node.view()
-    assert view.experience(late.cid).heads == [modify.cid] and view.experience(first.cid).heads == []
+    assert view.experience(late.cid).status.value == "deleted" and view.experience(first.cid).live
     node.close()
 
 
