@@ -26,6 +26,10 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 merge is undone if nothing but votes acted on it since, else the component is folded
                 again), then another once the merge is void (its verdict is reworded); medians of 3, what
                 one peer can make a node spend
+  splits and    at each checkpoint, in the repeated insight's experience: a late add near an add absorbed
+  joins         into it but not near the insight takes adds out of it, then a late copy of the insight near
+                the experience that add now stands for (with a modify) joins the two (PROTOCOL.md 7.5); the
+                operations they fold again; medians of 3
   stalls        the longest ingest batch against the median one (and the writer's CPU in it: the rest
                 is waiting), and the longest query of a thread that retrieves once every 50 ms while
                 ingest runs, against its median

@@ -94,16 +94,24 @@ class Retriever:
         if self.local:
             network_floor = self._ledger.params.relevance_threshold + (threshold - self.local.model.threshold)
             local_vector = self.local.model.embed_query(query)
+            inline: dict[bytes, float] = {}
             if len(unembedded) <= INLINE_EMBED:
-                self.local.embed([(r.id.raw, r.version.raw, c.text) for r, c in unembedded])
+                # scored from the vectors just made, which the embedding task may drop from the index meanwhile:
+                # it keeps what the vector index has been told of, and a commit is visible before it is told
+                made = self.local.embed([(r.id.raw, r.version.raw, c.text) for r, c in unembedded])
+                inline = {exp_id: _score(vector, local_vector) for exp_id, vector in made.items()}
                 unembedded = []
             if domain_prefix:
                 local_scores = self._local_scores(view.live_ids(domain_prefix), view, local_vector)
             else:
                 local_scores = self.local.index.search(local_vector, count)
+            found = {exp_id for exp_id, _ in local_scores}
+            local_scores = [*local_scores, *(item for item in inline.items() if item[0] not in found)]
             for exp_id, score in local_scores:
                 record = view.experience(CID(exp_id))
-                if record is None or not record.live or not self.local.index.holds(exp_id, record.version.raw):
+                if record is None or not record.live:
+                    continue
+                if exp_id not in inline and not self.local.index.holds(exp_id, record.version.raw):
                     continue  # the index may be ahead of or behind this view
                 if score > threshold:
                     hit = _hit(record, view.content(record.version), score, self.local.model.name)
@@ -125,7 +133,7 @@ class Retriever:
                 continue
             row = self.local.index.vector(exp_id.raw, record.version.raw)
             if row is not None:
-                found.append((exp_id.raw, float((row.astype(np.float64) * query.astype(np.float64)).sum())))
+                found.append((exp_id.raw, _score(row, query)))
         return found
 
     def context(
@@ -153,6 +161,12 @@ class Retriever:
             return 0.0
         tau = self.threshold if tau is None else tau
         return sum(1 for query in queries if self.retrieve(query, 1, tau)) / len(queries)
+
+
+def _score(vector: np.ndarray, query: np.ndarray) -> float:
+    """A local vector's exact score for a query, from the float16 values the index keeps."""
+    row = np.asarray(vector, dtype="<f2").astype(np.float64)
+    return float((row * np.asarray(query).astype(np.float64)).sum())
 
 
 def _hit(record: ExperienceRecord, content: Experience, score: float, ranked_by: str) -> Hit:
