@@ -930,9 +930,6 @@ class Library:
         # E's modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
         if not deleted_before and any(self._order(txn, head.raw) > order for head in record.heads):
             self._heads_before(records, record, self._modifies_on(txn, component, exp_id), order)
-            # a copy: `_add_head` may have put this object, and changing the object put hides the change from the
-            # domain index (the deleted experience kept its key; found by a review)
-            record = record.copy()
         record.status = Life.DELETED
         _insert_cid(record.deleted_by, cid)
         records.put(record)
@@ -1255,17 +1252,7 @@ class Library:
         if into is None:  # a new experience, which a merge of the same batch joined to the component
             records.put(_new_record(cid, op, support=1))
             return OpStatus.applied(cid)
-        stands = records.record(self._resolved_at(records, into, order))
-        assert stands is not None
-        _insert_cid(stands.absorbed, cid)
-        while True:
-            stands.support += 1
-            records.put(stands)
-            if stands.status is not Life.ALIAS:
-                break
-            assert stands.alias_of is not None
-            stands = records.record(stands.alias_of.raw)
-            assert stands is not None
+        self._carry(records, into, [(order, cid)], gain=True)
         records.put(_alias(cid, op, into))
         return OpStatus(Outcome.ABSORBED, into=CID(into))
 
