@@ -29,7 +29,8 @@ Figures, all from one run on one stream of operations (bench/workload.py):
   splits and    at each checkpoint, in the repeated insight's experience: a late add near an add absorbed
   joins         into it but not near the insight takes adds out of it, then a late copy of the insight near
                 the experience that add now stands for (with a modify) joins the two (PROTOCOL.md 7.5); the
-                operations they fold again; medians of 3
+                operations they fold again; medians of 3. At the last checkpoint the same with a delete of an
+                add that leaves (the split makes the insight live again, the join deletes it again)
   stalls        the longest ingest batch against the median one (and the writer's CPU in it: the rest
                 is waiting), and the longest query of a thread that retrieves once every 50 ms while
                 ingest runs, against its median
@@ -62,7 +63,7 @@ from ledger.ledger import Ledger
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
-from ledger.records import Outcome
+from ledger.records import Life, Outcome
 from ledger.retrieval import Retriever
 from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
@@ -289,7 +290,9 @@ class _RegroupProbe:
     refolded: int  # the operations all of them folded again
 
 
-def _splits_and_joins(ledger: Ledger, probe: int, region: int, clocks: list[int]) -> _RegroupProbe | None:
+def _splits_and_joins(
+    ledger: Ledger, probe: int, region: int, clocks: list[int], *, deleting: bool = False
+) -> _RegroupProbe | None:
     """Split and join the repeated insight's experience (its copies at `clocks`), each round with its own texts,
     signed by keys of this probe (`probe`: its serial), in a region of the insight's clocks no earlier probe used
     (`region`: how many did); None where the copies span too few clocks or the model does not place the texts as
@@ -299,7 +302,12 @@ def _splits_and_joins(ledger: Ledger, probe: int, region: int, clocks: list[int]
     X at `a` (absorbed into a copy within the horizon below it), Y at `a` + 1 (absorbed into X); then Y at `a` - H,
     which sorts before X's F and takes X over, and with it Y: the two leave the insight's experience (a split).
     A modify of that late Y, then X at `a` - H - 1: absorbed into a copy below, it takes the late Y over, and
-    the experience Y stood for joins the insight's (a join)."""
+    the experience Y stood for joins the insight's (a join).
+
+    `deleting`: a delete of Y at `a` + 2 deletes the insight's experience before the split, which moves the delete
+    with Y (the insight's experience is live again, its modifies after the delete act on it again); the join then
+    brings the delete back (its modifies after the delete are void again). The insight's experience stays deleted:
+    the last probe of a run."""
     params = ledger.params
     embedder = embedder_for(params)
     texts = [REPEATED, *(text for pair in REGROUPING_TEXTS for text in pair)]
@@ -332,14 +340,19 @@ def _splits_and_joins(ledger: Ledger, probe: int, region: int, clocks: list[int]
 
     splits, joins, refolded = [], [], 0
     for round_, (x, y) in enumerate(REGROUPING_TEXTS):
-        _timed(ledger, signed(5 * round_, Kind.ADD, a, x).data)
-        _timed(ledger, signed(5 * round_ + 1, Kind.ADD, a + 1, y).data)
-        before, split = ledger.refolded, signed(5 * round_ + 2, Kind.ADD, a - horizon, y)
+        _timed(ledger, signed(6 * round_, Kind.ADD, a, x).data)
+        absorbed = signed(6 * round_ + 1, Kind.ADD, a + 1, y)
+        _timed(ledger, absorbed.data)
+        if deleting:
+            delete = Operation(Kind.DELETE, "", a + 2, (), 1_700_000_000, target=absorbed.cid, reason="probe")
+            _timed(ledger, sign(delete, AuthorKey(bytes([160 + 6 * round_ + 5, probe]) * 16)).data)
+        before, split = ledger.refolded, signed(6 * round_ + 2, Kind.ADD, a - horizon, y)
         splits.append(_timed(ledger, split.data))
         record = ledger.view().experience(split.cid)
         assert record is not None and record.support == 3, f"the late Y took over X and Y: {record}"
-        _timed(ledger, signed(5 * round_ + 3, Kind.MODIFY, a - horizon + 1, x, target=split.cid).data)
-        join = signed(5 * round_ + 4, Kind.ADD, a - horizon - 1, x)
+        assert deleting == (record.status is Life.DELETED), f"the delete of Y went with it: {record}"
+        _timed(ledger, signed(6 * round_ + 3, Kind.MODIFY, a - horizon + 1, x, target=split.cid).data)
+        join = signed(6 * round_ + 4, Kind.ADD, a - horizon - 1, x)
         joins.append(_timed(ledger, join.data))
         refolded += ledger.refolded - before
         status = ledger.view().status(split.cid)
@@ -433,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     tenths, batch_times, batch_cpus, marks = [], [], [], []
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     regroups: list[_RegroupProbe | None] = []  # per checkpoint: splits and joins of the repeated insight
+    deleted: _RegroupProbe | None = None  # at the last checkpoint: the same with a delete of what leaves
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -474,6 +488,9 @@ def main(argv: list[str] | None = None) -> int:
                 components.append(_largest_component(ledger, len(components)))
                 region = sum(1 for regroup in regroups if regroup is not None)  # the regions of clocks used
                 regroups.append(_splits_and_joins(ledger, len(regroups), region, sorted(copies)))
+                if not checkpoints:  # last: it leaves the insight's experience deleted
+                    region += regroups[-1] is not None
+                    deleted = _splits_and_joins(ledger, len(regroups), region, sorted(copies), deleting=True)
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(
@@ -554,6 +571,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  at {size:>9,} ops: the repeated insight ({regroup.copies:,} copies): a split {split:,.1f} ms, "
             f"a join {join:,.1f} ms (folded {regroup.refolded:,} operations again)"
+        )
+    if deleted is not None:
+        split, join = deleted.split * 1000, deleted.join * 1000
+        print(
+            f"  {'':16} with a delete of an add that leaves: a split {split:,.1f} ms (the insight live again), "
+            f"a join of the deleted experience {join:,.1f} ms (folded {deleted.refolded:,} operations again)"
         )
     median_batch = statistics.median(batch_times)
     longest = max(range(len(batch_times)), key=batch_times.__getitem__)

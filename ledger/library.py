@@ -924,17 +924,92 @@ class Library:
         exp_id = self._resolved_at(records, target, order)
         record = records.record(exp_id)
         assert record is not None
-        deleted_before = any(self._order(txn, delete.raw) < order for delete in record.deleted_by)
         if record.status is Life.ALIAS:  # a merge after the delete took E as a source: it is void now
             return False
-        # E's modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
-        if not deleted_before and any(self._order(txn, head.raw) > order for head in record.heads):
-            self._heads_before(records, record, self._modifies_on(txn, component, exp_id), order)
-        record.status = Life.DELETED
-        _insert_cid(record.deleted_by, cid)
-        records.put(record)
-        txn.put(status_key(cid), OpStatus.applied(exp_id).pack())
+        self._delete_in_place(records, component, exp_id, [order])
         return True
+
+    def _delete_in_place(self, records: _Records, component: bytes, exp_id: bytes, deletes: list[bytes]) -> None:
+        """Let deletes (orders) that act on `exp_id` now, which no merge took, delete it where they sort: its
+        modifies after the first of them are void, unless a delete of it sorts before (delete beats modify)."""
+        txn = records.txn
+        record = records.record(exp_id)
+        assert record is not None and record.status is not Life.ALIAS
+        first = min(deletes)
+        deleted_before = any(self._order(txn, delete.raw) < first for delete in record.deleted_by)
+        # its modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
+        if not deleted_before and any(self._order(txn, head.raw) > first for head in record.heads):
+            self._heads_before(records, record, self._modifies_on(txn, component, exp_id), first)
+        record.status = Life.DELETED
+        applied = OpStatus.applied(exp_id).pack()
+        for order in deletes:
+            _insert_cid(record.deleted_by, order_cid(order))
+            txn.put(status_key(order_cid(order)), applied)
+        records.put(record)
+
+    @staticmethod
+    def _deletes_leaving(txn: Transaction, end: bytes, orders: list[bytes]) -> list[bytes] | None:
+        """Of the deletes (orders) naming adds that leave the experience at `end`, those that deleted it, in
+        canonical order; None if one acted on another experience (a merge that took it sorts before the delete)."""
+        leaving = []
+        for order in orders:
+            raw = txn.get(status_key(order_cid(order)))
+            if raw is None:  # new and not folded yet: it acts on what its target resolves to when it is
+                continue
+            status = OpStatus.unpack(raw)
+            if status.outcome is not Outcome.APPLIED:  # void by its clock
+                continue
+            if status.experience is None or status.experience.raw != end:
+                return None
+            leaving.append(order)
+        return sorted(leaving)
+
+    def _staying_modifies(
+        self, records: _Records, end: bytes, carried: set[bytes], leaving: list[bytes]
+    ) -> list[tuple[bytes, bytes]] | None:
+        """What the experience at `end` folds again when deletes (orders) of adds leaving it go with them: nothing
+        if its first delete stays; else the modifies (order, CID) of its other adds, in canonical order, which
+        act on it again up to its new first delete, if any; None if a merge names one of its other adds (the
+        merge's verdict may change with the delete gone: then the component is folded again)."""
+        txn = records.txn
+        record = records.record(end)
+        assert record is not None and record.status is Life.DELETED
+        if min(self._order(txn, delete.raw) for delete in record.deleted_by) not in leaving:
+            return []
+        modifies = []
+        for add in _tree(records, end):
+            if add in carried:
+                continue
+            for key, _ in txn.scan(by_target_prefix(add)):
+                kind, order = parse_by_target_key(key)
+                if kind == _KIND_BYTE[Kind.MERGE]:
+                    return None
+                cid = order_cid(order)
+                if (
+                    kind == _KIND_BYTE[Kind.MODIFY]
+                    and txn.get(status_key(cid)) is not None  # folded: a new one is folded on its own
+                    and self.clock_void(txn, self.meta(txn, cid)) is None
+                ):
+                    modifies.append((order, cid))
+        return sorted(modifies)
+
+    def _undelete(
+        self, records: _Records, end: bytes, leaving: list[bytes], staying: list[tuple[bytes, bytes]]
+    ) -> None:
+        """Take the deletes (orders) of adds that left the experience at `end` off it: it is live again unless
+        another deletes it, and its modifies (`staying`, when its first delete left) act on it again up to its new
+        first delete."""
+        txn = records.txn
+        record = records.record(end)
+        assert record is not None
+        gone = {order_cid(order) for order in leaving}
+        record.deleted_by = [delete for delete in record.deleted_by if delete.raw not in gone]
+        if not record.deleted_by:
+            record.status = Life.LIVE
+        if staying:
+            first = min((self._order(txn, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
+            self._heads_before(records, record, staying, first)
+        records.put(record)
 
     def _modify_in_place(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
         """Fold a modify where it sorts, acting on E, what its target resolved to there: void if a delete of E sorts
@@ -950,18 +1025,19 @@ class Library:
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
-        would join an experience that is deleted or an alias to another, or take adds that a delete or merge
-        names out of theirs (then the component is folded again).
+        would join an experience a merge took, or take adds that a merge names out of theirs, or move a delete
+        where a merge's verdict could change (then the component is folded again).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
         largest experience whose first add it takes over, which it renames (`_rename`). Every other group moves
-        into what the new add stands for: a whole experience whose first it takes over if that is live and no
-        merge took it (`_absorb_experience`: a join), or else the adds whose chains pass through the adds taken
-        over, if no delete or merge names them (`_split_off`: they leave their experience, and the modifies naming
-        them are folded again, `_move_modifies`). Each costs what it moves, not
-        the component: one peer could sign a copy near the first adds of two experiences, or near an add but not
-        its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for each.
+        into what the new add stands for: a whole experience whose first it takes over if no merge took it
+        (`_absorb_experience`: a join, its deletes with it), or else the adds whose chains pass through the adds
+        taken over (`_split_off`: they leave their experience; the deletes naming them go with them, `_undelete`
+        and `_delete_in_place`, and the modifies naming them are folded again, `_move_modifies`). Each costs what
+        it moves, not the component: one peer could sign a copy near the first adds of two experiences, or near
+        an add but not its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for
+        each, and with a delete of one of them first still could until deletes moved too.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
@@ -980,21 +1056,34 @@ class Library:
             groups.setdefault(ends[add], []).append(add)
         firsts = [end for end in groups if end in taken]  # a group whose end is taken holds that first add
         kept = ends[into] if into is not None else max(firsts, key=lambda end: _support(records, end), default=None)
+        # deletes may move into what the new add stands for only if no merge took it (a merge after such a delete
+        # would be void): the experience its F's chain ends in, the one it renames, or a new one
+        host_id = ends[into] if into is not None else kept
+        host = records.record(host_id) if host_id is not None else None
+        deletable = host is None or host.status is not Life.ALIAS
         joined, split = [], []
         for end in sorted(groups.keys() - {kept}):
             if end in taken:  # its first: the whole experience moves
                 record = records.record(end)
                 assert record is not None
-                if record.status is not Life.LIVE:
+                if record.status is Life.ALIAS or (record.status is Life.DELETED and not deletable):
                     return False
                 joined.append(end)
                 continue
             carried = self._carried_through(work, earlier, groups[end])
             naming = [parse_by_target_key(key) for add in carried for key, _ in txn.scan(by_target_prefix(add))]
-            if {kind for kind, _ in naming} - {_KIND_BYTE[Kind.VOTE], _KIND_BYTE[Kind.MODIFY]}:
-                return False  # a delete or merge of an add leaving would act on another experience
+            if any(kind == _KIND_BYTE[Kind.MERGE] for kind, _ in naming):
+                return False  # a merge naming an add that leaves may change its verdict
+            named = [order for kind, order in naming if kind == _KIND_BYTE[Kind.DELETE]]
+            deletes = self._deletes_leaving(txn, end, named)
+            if deletes is None or (deletes and not deletable):
+                return False
+            staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else []
+            if staying is None:
+                return False
             modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
-            split.append((end, carried, modifies, any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)))
+            voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
+            split.append((end, carried, modifies, voted, deletes, staying))
         if into is not None:
             self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
         elif kept is not None:
@@ -1003,9 +1092,14 @@ class Library:
             records.put(_new_record(cid, op, support=1))
             txn.put(status_key(cid), OpStatus.applied(cid).pack())
         for end in joined:
-            self._absorb_experience(work, cid, end, {add: taken[add] for add in groups[end]})
-        for end, carried, modifies, voted in split:
+            self._absorb_experience(work, component, cid, end, {add: taken[add] for add in groups[end]})
+        for end, carried, modifies, voted, deletes, staying in split:
             self._split_off(work, cid, end, {add: taken[add] for add in groups[end]}, carried, voted)
+            if deletes:
+                self._undelete(records, end, deletes, staying)
+                stands = records.resolved(cid)
+                assert stands is not None
+                self._delete_in_place(records, component, stands, deletes)
             self._move_modifies(work, component, modifies)
         return True
 
@@ -1080,16 +1174,20 @@ class Library:
             work.repointed.add(add)  # it resolves to what it did: its votes count where they did
             txn.put(status_key(add), absorbed)
 
-    def _absorb_experience(self, work: _Work, cid: bytes, first: bytes, taken: dict[bytes, bytes | None]) -> None:
-        """Move a live experience that no merge took into what the late add `cid` stands for (a join, §7.6): its
+    def _absorb_experience(
+        self, work: _Work, component: bytes, cid: bytes, first: bytes, taken: dict[bytes, bytes | None]
+    ) -> None:
+        """Move an experience that no merge took into what the late add `cid` stands for (a join, §7.6): its
         first add (`first`) and the adds taken over with it become aliases of the new add, each of its adds adds
-        to the support of what it joins where it sorts, and its modifies are folded again there where they sort
-        (`_modify_in_place`). It has no deletes (it is live); merges naming it are void and stay void (their
-        rules read the operations naming their targets, and a delete of any experience involved is final); its
-        counted votes move with it (`_move_counts`: a root that became an alias)."""
+        to the support of what it joins where it sorts, its deletes delete that where they sort
+        (`_delete_in_place`; the caller checked no merge took it), and its modifies are folded again there where
+        they sort (`_modify_in_place`; those its deletes voided stay void: what it joins is deleted no later).
+        Merges naming it are void and stay void (their rules read the operations naming their targets, and a
+        delete of any experience involved is final); its counted votes move with it (`_move_counts`: a root that
+        became an alias)."""
         txn, records = work.records.txn, work.records
         record = records.record(first)
-        assert record is not None and record.status is Life.LIVE
+        assert record is not None and record.status is not Life.ALIAS
         adds = [first, *(add.raw for add in record.absorbed)]
         applied = OpStatus.applied(first).pack()
         modifies = sorted(
@@ -1106,6 +1204,10 @@ class Library:
                 work.repointed.add(add)  # its votes were counted on the first's experience, and move with them
             txn.put(status_key(add), absorbed)
         self._carry(records, cid, [(self._order(txn, add), add) for add in adds], gain=True)
+        if record.deleted_by:
+            stands = records.resolved(cid)
+            assert stands is not None
+            self._delete_in_place(records, component, stands, [self._order(txn, d.raw) for d in record.deleted_by])
         for modify in modifies:
             modify_cid = order_cid(modify)
             op = work.fold.operations.get(modify_cid) or load_stored(txn.block(modify_cid))
@@ -1317,14 +1419,16 @@ class Library:
     def _heads_before(
         self, records: _Records, record: ExperienceRecord, modifies: list[tuple[bytes, bytes]], start: bytes
     ) -> None:
-        """Void the modifies after a late delete (delete beats modify) and give `record` the heads of those before."""
+        """Void the modifies after a late delete (delete beats modify) and give `record` the heads of those before,
+        which act on it."""
         record.heads, record.version = [], record.id
         record.domain = ".".join(self.content(records.txn, record.id.raw).domain)
         for order, cid in modifies:
             if order > start:
                 records.txn.put(status_key(cid), _superseded_by_delete().pack())
             else:
-                self._add_head(records, cid, record, load_stored(records.txn.block(cid)))
+                status = self._add_head(records, cid, record, load_stored(records.txn.block(cid)))
+                records.txn.put(status_key(cid), status.pack())
 
     @staticmethod
     def _keep_counts(records: _Records, exp_ids: list[bytes]) -> None:

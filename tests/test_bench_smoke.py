@@ -24,15 +24,17 @@ def _run(tmp_path: Path, *args: str) -> str:
 
 
 def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
-    # a horizon of 64 clocks: the workload's 2,000 operations give the repeated insight's copies room for a split
-    # and a join (its copies are 40-120 clocks apart)
-    args = ("--ops", "2000", "--checkpoints", "1000", "--batch", "100", "--absorption-horizon", "64")
+    # a horizon of 64 clocks: the workload's 3,000 operations give the repeated insight's copies room for two rounds
+    # of splits and joins at the last checkpoint (its copies are 40-120 clocks apart)
+    args = ("--ops", "3000", "--checkpoints", "1000", "--batch", "100", "--absorption-horizon", "64")
     out = _run(tmp_path, "bench.bench_ledger", *args)
     figures = ("decode+validate+verify", "ingest per tenth", "CPU per op, writer", "CPU per op, other threads")
     probes = ("late add", "largest component", "a copy that sorts first", "one after it", "late on early members")
     probes += ("the repeated insight (", "a split", "a join")
     for figure in (*figures, "last tenth / first", *probes, "queries during", "disk"):
         assert figure in out, out
+    # a split moving a delete and a join of a deleted experience are folded where they sort
+    assert re.search(r"a join of the deleted experience [\d.,]+ ms \(folded 0 operations again\)", out), out
     # the copy that sorts first takes the component's copies over
     assert int(re.search(r"takes over ([\d,]+) adds", out).group(1).replace(",", "")) > 0, out
 

@@ -235,6 +235,61 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
     at_once.close()
 
 
+#: three adds, each near the next and the outer two not near each other (`_COPIED`'s third, fourth and first): the
+#: third is absorbed into the second and so belongs to the first's experience
+_SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**32 - 1), absorption=ABSORPTION_HORIZONS)
+def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_converge(
+    tmp_path_factory, seed, absorption
+):
+    """Late copies near the third of a chain (they take adds out of the first's experience) or near the second
+    (they join experiences), with deletes, modifies, merges and votes naming the chain's adds, some acting on
+    operations before them, in small batches, the late copies most often last: a delete goes with the adds that
+    leave and comes with an experience that joins (`Library._take_over_in_place`), and the node holds what one
+    that got them all at once holds."""
+    rng = random.Random(seed)
+    chain = [
+        f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(_COPIED[text])), f.author(i + 1))
+        for i, (text, clock) in enumerate(_SPLIT_CHAIN)
+    ]
+    late = []
+    for number in range(rng.randint(1, 4)):
+        text, clock = rng.choice([(0, rng.randint(1, 3)), (0, rng.randint(1, 3)), (3, rng.randint(1, 2)), (2, 6)])
+        late.append(
+            f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(_COPIED[text])), f.author(10 + number))
+        )
+    adds, other = chain + late, f.add(f.SEED_TEXTS[1], f.author(40))
+    acting: dict[CID, list] = {}
+    blocks = [*adds, other]
+    for number in range(rng.randint(2, 9)):
+        target, roll = rng.choice(adds), rng.random()
+        kind = Kind.VOTE if roll < 0.15 else Kind.MODIFY if roll < 0.5 else Kind.DELETE if roll < 0.85 else Kind.MERGE
+        on = [rng.choice(acting[target.cid])] if acting.get(target.cid) and rng.random() < 0.5 else []
+        parents = (target.cid, *(block.cid for block in on), *((other.cid,) if kind is Kind.MERGE else ()))
+        clock = max(block.op.clock for block in (target, *on)) + rng.randint(1, 3)
+        text = f.SEED_TEXTS[2] if kind is Kind.MERGE else f"When {CONTEXTS[number % 4]}, {ACTIONS[number % 4]}."
+        fields = _naming(rng, kind, target, text, other)
+        block = f.signed(f.operation(kind, clock=clock, parents=parents, **fields), f.author(50 + number))
+        acting.setdefault(target.cid, []).append(block)
+        blocks.append(block)
+    arrival = rng.sample(blocks, len(blocks))
+    if rng.random() < 0.7:
+        arrival = [block for block in arrival if block not in late] + [block for block in arrival if block in late]
+    in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"), absorption_horizon=absorption)
+    while arrival:
+        count = rng.randint(1, 3)
+        batch, arrival = arrival[:count], arrival[count:]
+        assert all(receipt.outcome != "invalid" for receipt in in_batches.ingest([block.data for block in batch]))
+    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), absorption_horizon=absorption)
+    at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
+    assert converged_state(in_batches) == converged_state(at_once)
+    in_batches.close()
+    at_once.close()
+
+
 def test_a_chain_of_near_duplicates_in_every_order_converges(tmp_path):
     """Near-duplicates that are not all near each other, in all 120 orders. The add at clock 6 shares a bucket with
     those at 3, 5 and 7 (every bucket it shares with the one at 3), and is near them, not the first; that one absorbs

@@ -514,16 +514,92 @@ def test_a_late_copy_taking_out_an_add_a_modify_names_folds_the_modify_again_whe
     node.close()
 
 
-def test_a_late_copy_taking_out_an_add_a_delete_names_folds_the_component_again(tmp_path):
-    """The delete of the third deleted the first's experience; taking the third out would make it live again,
-    which the in-place split does not do: the component is folded again, to the same state."""
+def test_a_late_copy_taking_out_an_add_a_delete_names_moves_the_delete_where_the_add_goes(tmp_path):
+    """The delete of the third deleted the first's experience and voided a later modify of the first; taking the
+    third out moves the delete to the new add's experience: the first is live again with that modify its head, and
+    a modify of the third after the delete stays void, without folding the component again."""
     first, second, third = _split_history()
     delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    revived = op(Kind.MODIFY, key=6, clock=7, parents=[first.cid], target=first.cid, content=f.content(TEXT_C))
+    voided = op(Kind.MODIFY, key=7, clock=7, parents=[third.cid], target=third.cid, content=f.content(TEXT_B))
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete], late)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete, revived, voided], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.experience(first.cid).live and view.experience(first.cid).heads == [revived.cid]
+    assert view.experience(first.cid).deleted_by == [] and view.status(revived.cid).experience == first.cid
+    record = view.experience(late.cid)
+    assert record.status == "deleted" and record.deleted_by == [delete.cid] and record.heads == []
+    assert view.status(delete.cid).experience == late.cid and view.status(voided.cid).code == "superseded.deleted"
+    node.close()
+
+
+def test_a_split_moving_the_first_delete_of_an_experience_voids_its_modifies_from_its_next_delete(tmp_path):
+    """The first's experience keeps a later delete: a modify between its two deletes acts on it again, one after
+    the second stays void, and it stays deleted."""
+    first, second, third = _split_history()
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    between = op(Kind.MODIFY, key=6, clock=7, parents=[first.cid], target=first.cid, content=f.content(TEXT_C))
+    again = op(Kind.DELETE, key=7, clock=8, parents=[first.cid], target=first.cid, reason="proven incorrect")
+    after = op(Kind.MODIFY, key=8, clock=9, parents=[first.cid], target=first.cid, content=f.content(TEXT_B))
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete, between, again, after], late)
+    assert refolded == 0
+    view = node.view()
+    record = view.experience(first.cid)
+    assert record.status == "deleted" and record.deleted_by == [again.cid] and record.heads == [between.cid]
+    assert view.status(between.cid).experience == first.cid and view.status(after.cid).code == "superseded.deleted"
+    assert view.experience(late.cid).deleted_by == [delete.cid]
+    node.close()
+
+
+def test_a_split_leaving_the_first_delete_of_an_experience_changes_none_of_its_modifies(tmp_path):
+    """The first's experience was deleted before the delete of the third: it stays deleted by that one alone."""
+    first, second, third = _split_history()
+    earlier = op(Kind.DELETE, key=6, clock=4, parents=[first.cid], target=first.cid, reason="proven incorrect")
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, earlier, delete], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.experience(first.cid).deleted_by == [earlier.cid] and view.experience(first.cid).status == "deleted"
+    assert view.experience(late.cid).deleted_by == [delete.cid]
+    node.close()
+
+
+def test_a_split_that_would_make_a_merge_of_its_experience_apply_folds_the_component_again(tmp_path):
+    """A merge naming the first was void because the delete of the third deleted the first's experience before it;
+    with the delete moved, the merge applies, which the in-place split does not do: the component is folded
+    again, to the same state."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    merge = _merge((first, other), clock=7, parents=[delete.cid, other.cid], key=7)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, merge], late)
     assert refolded > 0
     view = node.view()
-    assert view.experience(late.cid).status.value == "deleted" and view.experience(first.cid).live
+    assert view.status(merge.cid).outcome == "applied" and view.resolve(first.cid) == merge.cid
+    assert view.experience(late.cid).status == "deleted"
+    node.close()
+
+
+def test_a_late_copy_joining_a_deleted_experience_deletes_what_it_joins_where_the_delete_sorts(tmp_path):
+    """The smaller experience the copy joins was deleted: its delete deletes the larger one's record (now the
+    copy's), voiding the larger one's modify after the delete and keeping the one before, in place."""
+    larger, copy = _add_of(NEAR[0], 3, 1), _add_of(NEAR[0], 4, 2)
+    other = _add_of(NEAR[2], 4, 3)
+    before = op(Kind.MODIFY, key=4, clock=4, parents=[larger.cid], target=larger.cid, content=f.content(TEXT_B))
+    delete = op(Kind.DELETE, key=5, clock=5, parents=[other.cid], target=other.cid, reason="proven incorrect")
+    after = op(Kind.MODIFY, key=7, clock=6, parents=[larger.cid], target=larger.cid, content=f.content(TEXT_C))
+    late = _add_of(NEAR[1], 1, 6)
+    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, before, delete, after], late)
+    assert refolded == 0
+    view = node.view()
+    record = view.experience(late.cid)
+    assert record.status == "deleted" and record.deleted_by == [delete.cid] and record.heads == [before.cid]
+    assert view.status(delete.cid).experience == late.cid and view.status(after.cid).code == "superseded.deleted"
+    assert record.support == 4
     node.close()
 
 
