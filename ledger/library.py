@@ -98,9 +98,12 @@ log = logging.getLogger(__name__)
 _KINDS = list(Kind)
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
 _KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
-#: the kinds a component's list of operations names that act on an experience (an empty value: written before
-#: the list held kinds, so any kind)
-_ACTS_ON = frozenset({_KIND_BYTE[Kind.MODIFY], _KIND_BYTE[Kind.DELETE], b""})
+#: the kinds of operation that act on an experience, and of those the modifies (`Library._applied_to`)
+_ACTS_ON = frozenset({_KIND_BYTE[Kind.MODIFY], _KIND_BYTE[Kind.DELETE]})
+_MODIFIES = frozenset({_KIND_BYTE[Kind.MODIFY]})
+#: the operations acting on an experience are read from those naming its adds unless it has more adds than the
+#: component has experiences over this (then from the component's list of operations)
+_READ_BY_NAME = 3
 _META_HEAD = struct.Struct(">QBBB")
 #: sorts after every order (u64 clock, CID)
 _LAST_ORDER = b"\xff" * 9
@@ -939,7 +942,7 @@ class Library:
         deleted_before = any(self._order(txn, delete.raw) < first for delete in record.deleted_by)
         # its modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
         if not deleted_before and any(self._order(txn, head.raw) > first for head in record.heads):
-            self._heads_before(records, record, self._modifies_on(txn, component, exp_id), first)
+            self._heads_before(records, record, self._applied_to(records, component, exp_id, _MODIFIES), first)
         record.status = Life.DELETED
         applied = OpStatus.applied(exp_id).pack()
         for order in deletes:
@@ -1118,6 +1121,7 @@ class Library:
         record = records.record(old)
         assert record is not None
         assert record.alias_of is None or self.meta(txn, record.alias_of.raw).kind is Kind.MERGE, "R stood for itself"
+        acted = self._applied_to(records, component, old, _ACTS_ON)  # found through R's record, which changes
         first = _new_record(cid, op, support=record.support + 1)
         first.status, first.alias_of, first.heads = record.status, record.alias_of, record.heads
         if record.version.raw != old:  # a modify's text is visible, not R's
@@ -1146,16 +1150,10 @@ class Library:
         # is an alias now), which is the new add unless a merge of this batch took it
         if record.alias_of is not None:
             work.repointed.add(old)
-        # only modifies and deletes say they acted on R now (R's status says it is absorbed), and the component's
-        # list of operations says which those are: a third of its operations in the 1M workload, whose statuses
-        # were most of a takeover's reads
-        applied_to_old, applied = OpStatus.applied(old).pack(), OpStatus.applied(cid).pack()
-        for key, kind in txn.scan(component_op_prefix(component)):
-            if (
-                kind in _ACTS_ON
-                and txn.get(status := status_key(order_cid(parse_component_op_key(key)))) == applied_to_old
-            ):
-                txn.put(status, applied)
+        # only modifies and deletes say they acted on R (R's status says it is absorbed now)
+        applied = OpStatus.applied(cid).pack()
+        for _, acting in acted:
+            txn.put(status_key(acting), applied)
 
     def _repoint_within(
         self, work: _Work, cid: bytes, op: Operation, order: bytes, taken: dict[bytes, bytes | None]
@@ -1263,7 +1261,8 @@ class Library:
         for exp_id, leaving in sorted(acted_on.items()):
             record = records.record(exp_id)
             assert record is not None
-            staying = [(order, cid) for order, cid in self._modifies_on(txn, component, exp_id) if order not in leaving]
+            modifies = self._applied_to(records, component, exp_id, _MODIFIES)
+            staying = [(order, cid) for order, cid in modifies if order not in leaving]
             first_delete = min((self._order(txn, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
             self._heads_before(records, record, staying, first_delete)
             records.put(record)
@@ -1403,17 +1402,31 @@ class Library:
                 assert status is not None, "a new operation is concurrent with it"
                 records.txn.put(status_key(cid), status.pack())
 
-    def _modifies_on(self, txn: Transaction, component: bytes, exp_id: bytes) -> list[tuple[bytes, bytes]]:
-        """(order, CID) of the modifies applied to `exp_id`, in canonical order (a scan of its component)."""
-        found = []
+    def _applied_to(
+        self, records: _Records, component: bytes, exp_id: bytes, kinds: frozenset[bytes]
+    ) -> list[tuple[bytes, bytes]]:
+        """(order, CID) of the operations of `kinds` (kind bytes) whose status says they acted on `exp_id`, in
+        canonical order. Each names an experience that resolves to it, so they are read from the operations
+        naming those, unless there are more than a third (`_READ_BY_NAME`) as many of those as the component
+        has experiences: then from the component's list of operations (one key each, and a status for each of
+        `kinds`). A takeover's rename in the 1M workload's largest component read ~3,000 statuses there (~50 ms)
+        for an experience of a few hundred adds."""
+        txn = records.txn
+        record = records.record(exp_id)
+        assert record is not None
+        applied, found = OpStatus.applied(exp_id).pack(), []
+        if _READ_BY_NAME * (1 + len(record.absorbed)) < read_u64(txn.get(component_size_key(component))):
+            for named in _tree(records, exp_id):
+                for key, _ in txn.scan(by_target_prefix(named)):
+                    kind, order = parse_by_target_key(key)
+                    if kind in kinds and txn.get(status_key(order_cid(order))) == applied:
+                        found.append((order, order_cid(order)))
+            return sorted(found)
         for key, kind in txn.scan(component_op_prefix(component)):
             order = parse_component_op_key(key)
             cid = order_cid(order)
-            if kind == _KIND_BYTE[Kind.MODIFY] or (not kind and self.meta(txn, cid).kind is Kind.MODIFY):
-                raw = txn.get(status_key(cid))
-                status = OpStatus.unpack(raw) if raw is not None else None
-                if status is not None and status.outcome is Outcome.APPLIED and status.experience.raw == exp_id:
-                    found.append((order, cid))
+            if (kind or _KIND_BYTE[self.meta(txn, cid).kind]) in kinds and txn.get(status_key(cid)) == applied:
+                found.append((order, cid))
         return found
 
     def _heads_before(

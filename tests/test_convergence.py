@@ -3,9 +3,11 @@
 import itertools
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledger import library
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
@@ -240,16 +242,20 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
 _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("by_name", [False, True], ids=["as_sized", "by_name"])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), absorption=ABSORPTION_HORIZONS)
 def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_converge(
-    tmp_path_factory, seed, absorption
+    tmp_path_factory, monkeypatch, by_name, seed, absorption
 ):
     """Late copies near the third of a chain (they take adds out of the first's experience) or near the second
     (they join experiences), with deletes, modifies, merges and votes naming the chain's adds, some acting on
     operations before them, in small batches, the late copies most often last: a delete goes with the adds that
     leave and comes with an experience that joins (`Library._take_over_in_place`), and the node holds what one
-    that got them all at once holds."""
+    that got them all at once holds. `by_name`: the operations acting on an experience are read from those
+    naming its adds, which components this small would read from their list of operations instead."""
+    if by_name:
+        monkeypatch.setattr(library, "_READ_BY_NAME", 0)
     rng = random.Random(seed)
     chain = [
         f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(_COPIED[text])), f.author(i + 1))
