@@ -1041,7 +1041,7 @@ class Library:
         and `_delete_in_place`, and the modifies naming them are folded again, `_move_modifies`). Each costs what
         it moves, not the component: one peer could sign a copy near the first adds of two experiences, or near
         an add but not its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for
-        each, and with a delete of one of them first still could until deletes moved too.
+        each; with a delete of an add that moves signed first, until deletes moved with them.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
