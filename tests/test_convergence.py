@@ -224,8 +224,14 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
         fields = _naming(rng, kind, target, text, other)
         parents = (target.cid, other.cid) if kind is Kind.MERGE else (target.cid,)
         blocks.append(f.signed(f.operation(kind, clock=clock, parents=parents, **fields), key))
+    _converge_in_small_batches(tmp_path_factory, rng, rng.sample(blocks, len(blocks)), absorption)
+
+
+def _converge_in_small_batches(tmp_path_factory, rng: random.Random, arrival: list, absorption: int) -> None:
+    """`arrival` in random batches of one to three on one node, all at once in a random order on another: the
+    same state."""
     in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"), absorption_horizon=absorption)
-    arrival = rng.sample(blocks, len(blocks))
+    blocks = list(arrival)
     while arrival:
         count = rng.randint(1, 3)
         batch, arrival = arrival[:count], arrival[count:]
@@ -284,16 +290,7 @@ def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_conv
     arrival = rng.sample(blocks, len(blocks))
     if rng.random() < 0.7:
         arrival = [block for block in arrival if block not in late] + [block for block in arrival if block in late]
-    in_batches = open_ledger(tmp_path_factory.mktemp("in_batches"), absorption_horizon=absorption)
-    while arrival:
-        count = rng.randint(1, 3)
-        batch, arrival = arrival[:count], arrival[count:]
-        assert all(receipt.outcome != "invalid" for receipt in in_batches.ingest([block.data for block in batch]))
-    at_once = open_ledger(tmp_path_factory.mktemp("at_once"), absorption_horizon=absorption)
-    at_once.ingest([block.data for block in rng.sample(blocks, len(blocks))])
-    assert converged_state(in_batches) == converged_state(at_once)
-    in_batches.close()
-    at_once.close()
+    _converge_in_small_batches(tmp_path_factory, rng, arrival, absorption)
 
 
 def test_a_chain_of_near_duplicates_in_every_order_converges(tmp_path):
