@@ -1408,15 +1408,16 @@ class Library:
     ) -> list[tuple[bytes, bytes]]:
         """(order, CID) of the operations of `kinds` (kind bytes) whose status says they acted on `exp_id`, in
         canonical order. Each names an experience that resolves to it, so they are read from the operations
-        naming those, unless there are more than an eighth (`_READ_BY_NAME`) as many of those as the component
-        has experiences: then from the component's list of operations (one key each, and a status for each of
-        `kinds`). In the 100k workload's largest component (682 experiences) an experience of one add costs
-        0.05 ms read by name against 1.7 ms from the list; one of 511 adds 10 ms against 1.8 ms."""
+        naming those, unless the experience's adds (its support: a merge's tree holds its sources' adds) are more
+        than an eighth (`_READ_BY_NAME`) as many as the component's experiences: then from the component's list
+        of operations (one key each, and a status for each of `kinds`). In the 100k workload's largest component
+        (682 experiences) an experience of one add costs 0.05 ms read by name against 1.7 ms from the list; one
+        of 511 adds 10 ms against 1.8 ms."""
         txn = records.txn
         record = records.record(exp_id)
         assert record is not None
         applied, found = OpStatus.applied(exp_id).pack(), []
-        if _READ_BY_NAME * (1 + len(record.absorbed)) < read_u64(txn.get(component_size_key(component))):
+        if _READ_BY_NAME * record.support < read_u64(txn.get(component_size_key(component))):
             for named in _tree(records, exp_id):
                 for key, _ in txn.scan(by_target_prefix(named)):
                     kind, order = parse_by_target_key(key)
