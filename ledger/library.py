@@ -940,9 +940,8 @@ class Library:
         record = records.record(exp_id)
         assert record is not None and record.status is not Life.ALIAS
         first = min(deletes)
-        deleted_before = any(self._order(txn, delete.raw) < first for delete in record.deleted_by)
         # its modifies after the delete, if any, end at a head after it (a modify sorts after its ancestors)
-        if not deleted_before and any(self._order(txn, head.raw) > first for head in record.heads):
+        if self._first_delete(txn, record) > first and any(self._order(txn, head.raw) > first for head in record.heads):
             self._heads_before(records, record, self._applied_to(records, component, exp_id, _MODIFIES), first)
         record.status = Life.DELETED
         applied = OpStatus.applied(exp_id).pack()
@@ -978,7 +977,7 @@ class Library:
         txn = records.txn
         record = records.record(end)
         assert record is not None and record.status is Life.DELETED
-        if min(self._order(txn, delete.raw) for delete in record.deleted_by) not in leaving:
+        if self._first_delete(txn, record) not in leaving:
             return []
         modifies = []
         for add in _tree(records, end):
@@ -1011,8 +1010,7 @@ class Library:
         if not record.deleted_by:
             record.status = Life.LIVE
         if staying:
-            first = min((self._order(txn, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
-            self._heads_before(records, record, staying, first)
+            self._heads_before(records, record, staying, self._first_delete(txn, record))
         records.put(record)
 
     def _modify_in_place(self, records: _Records, cid: bytes, op: Operation, order: bytes) -> OpStatus:
@@ -1023,7 +1021,7 @@ class Library:
         exp_id = self._resolved_at(records, op.target.raw, order)
         record = records.record(exp_id)
         assert record is not None
-        if any(self._order(records.txn, delete.raw) < order for delete in record.deleted_by):
+        if self._first_delete(records.txn, record) < order:
             return _superseded_by_delete()
         return self._add_head(records, cid, record, op)
 
@@ -1264,8 +1262,7 @@ class Library:
             assert record is not None
             modifies = self._applied_to(records, component, exp_id, _MODIFIES)
             staying = [(order, cid) for order, cid in modifies if order not in leaving]
-            first_delete = min((self._order(txn, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
-            self._heads_before(records, record, staying, first_delete)
+            self._heads_before(records, record, staying, self._first_delete(txn, record))
             records.put(record)
         for order in folded:
             cid = order_cid(order)
@@ -1372,6 +1369,10 @@ class Library:
 
     def _order(self, view: ReadView, cid: bytes) -> bytes:
         return order_key(self.meta(view, cid).clock, cid)
+
+    def _first_delete(self, view: ReadView, record: ExperienceRecord) -> bytes:
+        """Where the record's first delete sorts (after every order if it has none): its modifies after it are void."""
+        return min((self._order(view, delete.raw) for delete in record.deleted_by), default=_LAST_ORDER)
 
     def _concurrent_merges(self, txn: Transaction, target: bytes, cid: bytes) -> Iterator[tuple[bytes, bool]]:
         """(order, voided) of the merges naming `target` that the modify or delete `cid` does not descend from,
