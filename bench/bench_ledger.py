@@ -334,8 +334,9 @@ def _splits_and_joins(
     if a is None:
         return None
 
-    def signed(number: int, kind: Kind, clock: int, text: str, target: CID | None = None) -> Block:
-        late = Operation(kind, "", clock, (), 1_700_000_000, content=contents[text], target=target)
+    def signed(number: int, kind: Kind, clock: int, text: str | None, target: CID | None = None) -> Block:
+        content, reason = (contents[text], None) if text is not None else (None, "probe")  # None: a delete
+        late = Operation(kind, "", clock, (), 1_700_000_000, content=content, target=target, reason=reason)
         return sign(late, AuthorKey(bytes([160 + number, probe]) * 16))
 
     splits, joins, refolded = [], [], 0
@@ -344,8 +345,7 @@ def _splits_and_joins(
         absorbed = signed(6 * round_ + 1, Kind.ADD, a + 1, y)
         _timed(ledger, absorbed.data)
         if deleting:
-            delete = Operation(Kind.DELETE, "", a + 2, (), 1_700_000_000, target=absorbed.cid, reason="probe")
-            _timed(ledger, sign(delete, AuthorKey(bytes([160 + 6 * round_ + 5, probe]) * 16)).data)
+            _timed(ledger, signed(6 * round_ + 5, Kind.DELETE, a + 2, None, target=absorbed.cid).data)
         before, split = ledger.refolded, signed(6 * round_ + 2, Kind.ADD, a - horizon, y)
         splits.append(_timed(ledger, split.data))
         record = ledger.view().experience(split.cid)
