@@ -67,6 +67,7 @@ from ledger.records import Life, Outcome
 from ledger.retrieval import Retriever
 from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
+from ledger.view import LedgerView
 
 QUERIES = (
     "Which points of a line and a segment count as solutions?",
@@ -181,6 +182,8 @@ class _ComponentProbe:
 
     members: int
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
+    late_merge: float | None  # a merge of two of its earliest roots no merge took, sorting just after them
+    late_merge_refolded: int  # the operations such a merge folds again (median)
     takeover: float  # an add with clock 1 repeating one of its adds, first among their copies: it takes them over
     taken: int  # the adds such a takeover took over: now absorbed into it (median)
     refolded: int  # the operations such a takeover folds again (median): none if it only renames an experience
@@ -201,6 +204,14 @@ def _largest(ledger: Ledger) -> tuple[bytes, int]:
     return max(sizes, key=lambda item: (item[1], item[0]))
 
 
+def _only_voted(view: LedgerView, exp_id: CID) -> bool:
+    """Whether only votes and void merges name `exp_id`: nothing else acted on it."""
+    return all(
+        view.kind(named) is Kind.VOTE or (view.kind(named) is Kind.MERGE and view.status(named).outcome is Outcome.VOID)
+        for named in view.by_target(exp_id)
+    )
+
+
 def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     """Probe the largest component with operations signed by new keys (`probe`: a serial for the keys)."""
     component, size = _largest(ledger)
@@ -214,12 +225,26 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     # named by a merge that is applied: a delete voids it (one void already would only be reworded)
     named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
     merges, takeovers, taken, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], [], []
+    late_merges, late_refolded = [], []
+    # roots of one add that only votes and void merges name, which the merges on top leave alone, earliest first: a
+    # merge of two of them with a clock just above theirs sorts before most of the component, and changes no more
+    spared = roots[6:] if len(roots) >= 6 else roots
+    untaken = sorted(
+        (m for m in spared if (record := view.experience(m)) and record.support == 1 and _only_voted(view, m)),
+        key=lambda m: (view.clock(m), m.raw),
+    )
     first = (view.clock(early[0]), early[0].raw)  # what a copy must sort before to take the component's copies over
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
             key = AuthorKey(bytes([120 + round_, probe]) * 16)
             merges.append(_timed(ledger, _merge(ledger, roots[2 * round_], roots[2 * round_ + 1], key)))
+        if len(untaken) >= 2 * round_ + 2:
+            key = AuthorKey(bytes([170 + round_, probe]) * 16)
+            before = ledger.refolded
+            pair = untaken[2 * round_], untaken[2 * round_ + 1]
+            late_merges.append(_timed(ledger, _merge(ledger, *pair, key, late=True)))
+            late_refolded.append(ledger.refolded - before)
         original = view.content(adds[round_ % len(adds)])
         key = AuthorKey(bytes([110 + round_, probe]) * 16)
         copy = _copy_at_clock_1(original, key, first, before=True)
@@ -250,6 +275,8 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     return _ComponentProbe(
         size,
         statistics.median(merges) if merges else None,
+        statistics.median(late_merges) if late_merges else None,
+        int(statistics.median(late_refolded)) if late_refolded else 0,
         statistics.median(takeovers),
         int(statistics.median(taken)),
         int(statistics.median(refolded)),
@@ -387,13 +414,15 @@ def _late_on(ledger: Ledger, kind: str, target: CID, key: AuthorKey) -> bytes:
     return sign(late, key).data
 
 
-def _merge(ledger: Ledger, a: CID, b: CID, key: AuthorKey) -> bytes:
-    """A merge of `a` and `b` on top of the node's newest heads (it may still be void: §7.4), signed by `key`."""
+def _merge(ledger: Ledger, a: CID, b: CID, key: AuthorKey, *, late: bool = False) -> bytes:
+    """A merge of `a` and `b` on top of the node's newest heads (it may still be void: §7.4), signed by `key`;
+    `late`: with no parents and a clock just above theirs, so it sorts before what came after them."""
     embedder = embedder_for(ledger.params)
     text = "When two insights say the same, keep one and check it against both of their cases."
     vector = pack_float16(embedder.embed([text])[0])
     content = Experience(text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
-    parents, clock = ledger.view().parents_and_clock([a, b])
+    view = ledger.view()
+    parents, clock = ((), 1 + max(view.clock(a), view.clock(b))) if late else view.parents_and_clock([a, b])
     merge = Operation(
         Kind.MERGE, "", clock, parents, 1_700_000_000, content=content, targets=tuple(sorted((a, b))), reason="same"
     )
@@ -560,6 +589,12 @@ def main(argv: list[str] | None = None) -> int:
         in_place = ", ".join(f"{kind} {seconds * 1000:,.1f} ms" for kind, seconds in probe.in_place.items())
         pair = f"{probe.late_pair * 1000:,.1f} ms" if probe.late_pair is not None else "too few members"
         print(f"  {'':16} late on early members: {in_place}; a modify and a delete in one batch {pair}")
+        if probe.late_merge is not None:
+            late_merge = probe.late_merge * 1000
+            print(
+                f"  {'':16} a merge of two early roots sorting just after them {late_merge:,.1f} ms "
+                f"(folds {probe.late_merge_refolded:,} operations again)"
+            )
         if probe.merge_voided is not None and probe.voided_again is not None:
             voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
             print(f"  {'':16} a delete that voids a merge {voided:,.1f} ms, another once it is void {again:,.1f} ms")

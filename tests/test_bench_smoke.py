@@ -40,8 +40,11 @@ def test_bench_ledger_prints_every_figure(tmp_path: Path) -> None:
 
 
 def test_bench_ledger_runs_with_the_networks_horizon_and_says_when_a_split_does_not_fit(tmp_path: Path) -> None:
-    out = _run(tmp_path, "bench.bench_ledger", "--ops", "300", "--checkpoints", "300", "--batch", "100")
+    out = _run(tmp_path, "bench.bench_ledger", "--ops", "3000", "--checkpoints", "3000", "--batch", "100")
     assert "the repeated insight spans too few clocks to split and join it" in out, out
+    # with the network's horizon the largest component has roots to spare: a merge of two of them sorting before
+    # most of the component is folded where it sorts
+    assert re.search(r"sorting just after them [\d.,]+ ms \(folds 0 operations again\)", out), out
 
 
 def test_disk_counts_a_file_with_two_names_once(tmp_path: Path) -> None:
