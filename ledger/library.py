@@ -359,6 +359,8 @@ class _Work:
     voids_merge: dict[bytes, list[bytes]] = field(default_factory=dict)
     #: void merges a new modify or delete of a source is concurrent with: their verdict may name another rule
     reworded: set[bytes] = field(default_factory=set)
+    #: component -> the trees of the merges a late delete undid where it sorts (`Library._delete_merged_in_place`)
+    undone: dict[bytes, list[bytes]] = field(default_factory=dict)
 
 
 #: adds per matrix product of their band keys: a library rebuild folds every add at once, and one product
@@ -819,7 +821,10 @@ class Library:
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
         elif changed:  # after an undo only the undone merges' trees resolve elsewhere (and to where they did)
-            self._tally(work, undone if undone is not None else self._members(txn, component), touched)
+            trees = undone if undone is not None else None if again else work.undone.get(component)
+            if trees is None or not set(changed) <= set(trees):  # other late operations changed other roots
+                trees = self._members(txn, component)
+            self._tally(work, trees, touched)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
             self._keep_counts(records, touched)
 
@@ -855,30 +860,39 @@ class Library:
         trees = [exp_id for merge in merges for exp_id in _tree(records, order_cid(merge))]
         for merge in merges:
             merge_cid = order_cid(merge)
-            record = records.record(merge_cid)
-            assert record is not None
-            for source_id in record.absorbed:
-                source = records.record(source_id.raw)
-                assert source is not None
-                source.status, source.alias_of = Life.LIVE, None  # a source was a live root (§7.4)
-                records.put(source)
-            records.drop(merge_cid)
+            self._undo(records, merge_cid)
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
             txn.put(status_key(merge_cid), status.pack())
         return trees
 
+    def _undo(self, records: _Records, merge: bytes) -> None:
+        """Undo an applied merge that nothing but votes acted on: its record goes, its sources stand for themselves,
+        and the void merges naming it, folded already, are void as merges of no experience (§7.4 reads that first)."""
+        txn = records.txn
+        record = records.record(merge)
+        assert record is not None
+        for source_id in record.absorbed:
+            source = records.record(source_id.raw)
+            assert source is not None
+            source.status, source.alias_of = Life.LIVE, None  # a source was a live root (§7.4)
+            records.put(source)
+        records.drop(merge)
+        for key, _ in list(txn.scan(by_target_prefix(merge, _KIND_BYTE[Kind.MERGE]))):
+            naming = order_cid(parse_by_target_key(key)[1])
+            meta = self.meta(txn, naming)
+            if txn.get(status_key(naming)) is not None and self.clock_void(txn, meta) is None:
+                missing = next(target for target in meta.targets if records.record(target) is None)
+                txn.put(status_key(naming), _not_experience(missing).pack())
+
     def _acted_on_by_none(self, records: _Records, merge: bytes) -> bool:
         """Whether no operation after the applied merge acted on it: it has no modify and no delete (either would
-        have left heads or deleted it, also through a source), no merge names it (an applied one made it an alias;
-        a void one would change verdict, `target.not_experience`, with it gone), and no add was absorbed into it
-        (it lists only its sources). Votes naming it change counts only: they become void with it (the tally
-        after the undo rewrites their statuses), so the workload's merges, voted on within seconds, are undone
-        too."""
+        have left heads or deleted it, also through a source), no applied merge names it (that one made it an
+        alias), and no add was absorbed into it (it lists only its sources). Votes naming it change counts only:
+        they become void with it (the tally after the undo rewrites their statuses), so the workload's merges,
+        voted on within seconds, are undone too; void merges naming it stay void (`_undo` rewords them)."""
         record = records.record(merge)
         if record is None or record.status is not Life.LIVE or record.heads:
-            return False
-        if next(iter(records.scan(by_target_prefix(merge, _KIND_BYTE[Kind.MERGE]))), None) is not None:
             return False
         sources = [records.record(exp_id.raw) for exp_id in record.absorbed]
         if any(source is None or source.alias_of != record.id for source in sources):
@@ -931,8 +945,29 @@ class Library:
         record = records.record(exp_id)
         assert record is not None
         if record.status is Life.ALIAS:  # a merge after the delete took E as a source: it is void now
-            return False
+            return self._delete_merged_in_place(work, component, record, order)
         self._delete_in_place(records, component, exp_id, [order])
+        return True
+
+    def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> bool:
+        """Fold a late delete of E (`record`), which a merge after it took, where it sorts; False unless nothing but
+        votes acted on that merge since (`_acted_on_by_none`; then the component is folded again).
+
+        The merge is void now (`merge.target_deleted`), and it changed only its record and its sources': it is
+        undone as a concurrent delete undoes one (`_undo_merges`), and the delete deletes E where it sorts. Its
+        votes become void, and the votes of its tree count where its members resolve now (`_tally`). Any peer can
+        sign a delete of an add absorbed into an experience a merge took, with a clock just above the add's, which
+        folded the component again.
+        """
+        records, txn = work.records, work.records.txn
+        assert record.alias_of is not None
+        merge = record.alias_of.raw
+        if not self._acted_on_by_none(records, merge):
+            return False
+        work.undone.setdefault(component, []).extend(_tree(records, merge))
+        self._undo(records, merge)
+        txn.put(status_key(merge), _target_deleted().pack())
+        self._delete_in_place(records, component, record.id.raw, [order])
         return True
 
     def _delete_in_place(self, records: _Records, component: bytes, exp_id: bytes, deletes: list[bytes]) -> None:
@@ -1028,9 +1063,10 @@ class Library:
         return self._add_head(records, cid, record, op)
 
     def _merge_in_place(self, records: _Records, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late merge where it sorts; False if an operation after it other than a vote or an absorbed add
-        acted on an experience it takes (`_acted_on_after`: it would act on the merge; then the component is
-        folded again).
+        """Fold a late merge where it sorts; False if it is not void by a concurrent modify or delete of a target
+        and an operation after it other than a vote or an absorbed add acted on an experience it takes
+        (`_acted_on_after`: it would act on the merge; then the component is folded again). One signed late is
+        concurrent with the modifies and deletes of its targets it does not descend from, and void by them.
 
         Otherwise those experiences are as they were where it sorts but for the adds absorbed into them since, so
         its verdict is the one folding it on top gives (§7.4): its sources become its aliases, and the adds
@@ -1039,8 +1075,13 @@ class Library:
         clock just above theirs: it folded the 1M workload's largest component again (9,565 operations, 1.5-2.3 s).
         """
         txn = records.txn
-        ends = records.resolved_all(list(self.meta(txn, cid).targets))
+        meta = self.meta(txn, cid)
+        ends = records.resolved_all(list(meta.targets))
         roots = sorted({end for end in ends.values() if end is not None})
+        voided = self._concurrently_voided(records, cid, meta) if None not in ends.values() else None
+        if voided is not None:  # void wherever it sorts (§7.4): it changes no record
+            txn.put(status_key(cid), voided.pack())
+            return True
         if None not in ends.values() and self._acted_on_after(records, component, roots, order):
             return False
         status = self._rule(records, cid, op)
@@ -1667,7 +1708,7 @@ class Library:
         roots = sorted({records.resolved(target) for target in meta.targets})  # type: ignore[type-var]
         sources = [records.record(root) for root in roots]
         if any(source is None or source.status is Life.DELETED for source in sources):
-            return OpStatus.void("merge.target_deleted", "a source was deleted before the merge")
+            return _target_deleted()
         record = _new_record(cid, op, support=sum(source.support for source in sources if source))
         record.absorbed = _sorted_cids(roots)
         for source in sources:
@@ -1789,6 +1830,10 @@ def _count(record: ExperienceRecord, vote: Vote | None, sign: int) -> None:
         record.up += sign
     else:
         record.down += sign
+
+
+def _target_deleted() -> OpStatus:
+    return OpStatus.void("merge.target_deleted", "a source was deleted before the merge")
 
 
 def _superseded_by_delete() -> OpStatus:

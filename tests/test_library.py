@@ -791,15 +791,16 @@ def test_a_modify_that_voids_a_merge_only_votes_acted_on_undoes_it_and_voids_the
     node.close()
 
 
-def test_a_modify_that_voids_a_merge_a_void_merge_names_folds_the_component_again(tmp_path):
-    """Without the merge the void merge naming it has another verdict: its target is no experience."""
+def test_a_modify_that_voids_a_merge_a_void_merge_names_undoes_it_and_rewords_that_one_without_a_refold(tmp_path):
+    """Without the merge the void merge naming it has another verdict: its target is no experience. In the 1M
+    workload's largest component void merges name 98 of the 114 merges that took its adds."""
     a, b, vote, merge = _two_adds_a_vote_and_their_merge()
     c = f.add(f.SEED_TEXTS[3], f.author(9))
     delete_c = op(Kind.DELETE, key=8, clock=6, parents=[c.cid], target=c.cid, reason="wrong")
     of_merge = _merge((merge, c), clock=6, parents=[merge.cid, c.cid], key=8, text=TEXT_C)  # void: c deleted
     rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
     node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, delete_c, of_merge], rival)
-    assert refolded > 0
+    assert refolded == 0
     assert node.view().status(of_merge.cid).code == "target.not_experience"
     node.close()
 
@@ -826,14 +827,51 @@ def test_a_batch_whose_second_late_operation_voids_a_merge_folds_the_component_a
     node.close()
 
 
-def test_a_late_delete_of_a_merged_source_folds_the_component_again(tmp_path):
-    """The merge after it took the deleted experience as a source: it is void now, and its sources live again."""
+def test_a_late_delete_of_a_merged_source_undoes_the_merge_only_votes_acted_on_without_a_refold(tmp_path):
+    """The merge after it took the deleted experience as a source: it is void now, and its sources live again. Any
+    peer can sign a delete of an add absorbed into a merged experience with a clock just above the add's."""
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
+    on_a = op(Kind.VOTE, key=6, clock=6, parents=[merge.cid], target=a.cid, vote=1)  # counted on the merge, then a
+    on_merge = op(Kind.VOTE, key=7, clock=6, parents=[merge.cid], target=merge.cid, vote=-1)
     late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, on_a, on_merge], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.target_deleted" and view.experience(merge.cid) is None
+    assert view.experience(a.cid).status == "deleted" and view.experience(b.cid).status == "live"
+    assert (view.experience(a.cid).up, view.experience(a.cid).down) == (1, 0)
+    assert view.status(on_merge.cid).code == "target.not_experience"
+    node.close()
+
+
+def test_a_late_delete_undoing_a_merge_and_a_late_merge_in_one_batch_count_the_votes_of_both(tmp_path):
+    """The votes counted again after an undo are its trees' only if no other late operation moved a root."""
+    a, near_copy, b = f.add(), _copy(2, 4), f.add(f.SEED_TEXTS[1], f.author(2))
+    c, d = f.add(f.SEED_TEXTS[3], f.author(3)), f.add(TEXT_C, f.author(5))
+    modify = op(Kind.MODIFY, key=6, clock=2, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    void = _merge((a, c), clock=3, parents=[a.cid, c.cid], key=7)  # concurrent with the modify: joins c's component
+    merge = _merge((a, b), clock=5, parents=[modify.cid, b.cid, near_copy.cid], key=8)
+    vote = op(Kind.VOTE, key=9, clock=4, parents=[c.cid], target=c.cid, vote=1)
+    delete = op(Kind.DELETE, key=10, clock=3, target=near_copy.cid, reason="wrong")  # before the merge of a and b
+    late = [delete, _merge((c, d), clock=2, parents=[c.cid, d.cid], key=11)]
+    history = [a, near_copy, b, c, d, modify, void, merge, vote]
+    node, refolded = _late_then_all_at_once(tmp_path, history, late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.target_deleted"
+    assert view.status(void.cid).code == "merge.concurrent_modify"
+    assert view.resolve(c.cid) == late[1].cid and view.experience(late[1].cid).up == 1  # the vote on c moved
+    node.close()
+
+
+def test_a_late_delete_of_a_merged_source_folds_the_component_again_when_the_merge_was_acted_on(tmp_path):
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
+    modify = op(Kind.MODIFY, key=6, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
+    late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify], late)
     assert refolded > 0
     assert node.view().status(merge.cid).code == "merge.target_deleted"
-    assert node.view().experience(b.cid).status == "live"
+    assert node.view().status(modify.cid).code == "target.not_experience"  # the merge it modified is void
     node.close()
 
 
@@ -867,6 +905,19 @@ def test_a_late_merge_that_a_void_merge_after_it_names_a_source_of_leaves_it_voi
     assert view.status(void.cid).code == "merge.concurrent_modify"
     assert view.status(merge.cid).outcome == "applied" and view.resolve(b.cid) == merge.cid
     assert view.experience(b.cid).heads == [modify.cid]  # the modify acted on b before the merge took it
+    node.close()
+
+
+def test_a_late_merge_void_by_a_modify_of_a_target_after_it_changes_nothing_without_a_refold(tmp_path):
+    """The modify after it acted on a source, but a merge void by it (modify beats merge) changes no record."""
+    a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
+    modify = op(Kind.MODIFY, key=4, clock=4, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
+    merge = _merge((a, b), clock=3, parents=[a.cid, b.cid], key=6)
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, modify], merge)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
+    assert view.experience(a.cid).heads == [modify.cid] and view.resolve(b.cid) == b.cid
     node.close()
 
 
