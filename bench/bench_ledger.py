@@ -192,6 +192,8 @@ class _ComponentProbe:
     late_pair: float | None  # a late modify and a late delete of two such members in one batch
     merge_voided: float | None  # a late delete of an early member an applied merge names (None: none found)
     voided_again: float | None  # then another: the merge is void already
+    reworded: float | None  # a late delete voiding a merge that void merges name (None: no such merge)
+    reworded_refolded: int  # the operations such a delete folds again (median)
 
 
 #: the late operations that change one record or two (PROTOCOL.md 7.5: folded where they sort)
@@ -225,7 +227,10 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     # named by a merge that is applied: a delete voids it (one void already would only be reworded)
     named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
     merges, takeovers, taken, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], [], []
-    late_merges, late_refolded = [], []
+    late_merges, late_refolded, reworded, reworded_refolded = [], [], [], []
+    # sources of applied merges that void merges name (98 of the 114 that took adds of the 1M workload's largest
+    # component): a delete of one voids its merge, which is undone, and the void merges naming it are reworded
+    rewording = _named_by_void_merges(view, members)
     # roots of one add that only votes and void merges name, which the merges on top leave alone, earliest first: a
     # merge of two of them with a clock just above theirs sorts before most of the component, and changes no more
     spared = roots[6:] if len(roots) >= 6 else roots
@@ -268,6 +273,11 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
             pair = [_late_on(ledger, kind, free[9 + 2 * round_ + number], keys[number]) for number, kind in
                     enumerate(("modify", "delete"))]  # fmt: skip
             pairs.append(_timed(ledger, *pair))
+        if len(rewording) > round_:
+            key = AuthorKey(bytes([190 + round_, probe]) * 16)
+            before = ledger.refolded
+            reworded.append(_timed(ledger, _late_on(ledger, "delete", rewording[round_], key)))
+            reworded_refolded.append(ledger.refolded - before)
         if len(named) > round_:
             for attempt, times in enumerate((voided, again)):
                 key = AuthorKey(bytes([140 + 2 * round_ + attempt, probe]) * 16)
@@ -285,7 +295,30 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         statistics.median(pairs) if pairs else None,
         statistics.median(voided) if voided else None,
         statistics.median(again) if again else None,
+        statistics.median(reworded) if reworded else None,
+        int(statistics.median(reworded_refolded)) if reworded_refolded else 0,
     )
+
+
+def _named_by_void_merges(view: LedgerView, members: list[CID]) -> list[CID]:
+    """Up to three adds that are sources of an applied merge that a void merge names and nothing but votes and void
+    merges acted on, each named by nothing but votes and that merge, earliest first."""
+    found = []
+    for member in sorted(members, key=lambda m: (view.clock(m), m.raw)):
+        record = view.experience(member)
+        if record is None or record.alias_of is None or view.kind(member) is not Kind.ADD:
+            continue
+        merge = record.alias_of
+        merged = view.experience(merge) if view.kind(merge) is Kind.MERGE else None
+        if merged is None or merged.status != "live" or merged.heads or not _only_voted(view, merge):
+            continue
+        if any(view.kind(named) is Kind.MERGE for named in view.by_target(merge)) and all(
+            view.kind(named) is Kind.VOTE or named == merge for named in view.by_target(member)
+        ):
+            found.append(member)
+        if len(found) == 3:
+            break
+    return found
 
 
 #: texts near the workload's repeated insight, each with one near it but not near the insight, no text of a pair
@@ -594,6 +627,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"  {'':16} a merge of two early roots sorting just after them {late_merge:,.1f} ms "
                 f"(folds {probe.late_merge_refolded:,} operations again)"
+            )
+        if probe.reworded is not None:
+            reworded = probe.reworded * 1000
+            print(
+                f"  {'':16} a delete that voids a merge void merges name {reworded:,.1f} ms "
+                f"(folds {probe.reworded_refolded:,} operations again)"
             )
         if probe.merge_voided is not None and probe.voided_again is not None:
             voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
