@@ -126,6 +126,7 @@ TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPO
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
 _REWORDABLE = frozenset({"merge.concurrent_delete", "merge.concurrent_modify", "merge.target_deleted"})
+_CONCURRENTLY_VOID = frozenset({"merge.concurrent_delete", "merge.concurrent_modify"})
 
 
 class OpMeta(NamedTuple):
@@ -794,7 +795,7 @@ class Library:
         # a new operation that voids a merge folds the component again, wherever the merge sorts (§7.4), unless
         # nothing but votes has acted on the merge since: then the merge is undone
         again = any(order in work.voids_merge for order in placed)
-        undone = self._undo_merges(work, placed[0]) if again and len(placed) == 1 else None
+        undone = self._undo_merges(work, component, placed[0]) if again and len(placed) == 1 else None
         again = again and undone is None
         late = [] if again else self._late(txn, component, placed, work.new)
         again = again or (bool(late) and not self._fold_late(work, component, late))
@@ -841,30 +842,123 @@ class Library:
                     break
         return [order for order in placed if last_old is not None and order < last_old]
 
-    def _undo_merges(self, work: _Work, order: bytes) -> list[bytes] | None:
-        """Undo the applied merges the new modify or delete at `order` voids, if nothing but votes has acted on
-        any of them since it was folded; returns the experiences that resolved to them (None: nothing changed).
+    def _undo_merges(self, work: _Work, component: bytes, order: bytes) -> list[bytes] | None:
+        """Undo the applied merges the new modify or delete at `order` voids; returns the experiences that
+        resolved to what they went into.
 
-        Such a merge changed only its own record and its sources' (each became its alias), so voiding it
-        gives back the records of the fold without it: its record goes, and each source stands for itself.
-        Where the returned experiences' votes count is counted again by the caller: only theirs, not the
-        whole component's (in a 200k workload's largest component, 1,363 experiences, counting them all was
-        13-25 ms of a 16-27 ms undo). One peer could otherwise make the node fold a large component again
-        for two signatures: a merge of two small roots, then a modify concurrent with it (~1.2 s in the 1M
-        workload's largest component).
+        One that nothing but votes has acted on since it was folded changed only its own record and its sources'
+        (each became its alias), so voiding it gives back the records of the fold without it: its record goes,
+        and each source stands for itself (`_undo`). One that something else acted on is taken back with what
+        acted on it, which is folded again (`_unfold_above`, `_fold_again`). Where the returned experiences'
+        votes count is counted again by the caller: only theirs, not the whole component's (in a 200k
+        workload's largest component, 1,363 experiences, counting them all was 13-25 ms of a 16-27 ms undo).
+        One peer could otherwise make the node fold a large component again for two signatures: a merge of two
+        small roots, then a modify concurrent with it (~1.2 s in the 1M workload's largest component).
         """
         records, txn = work.records, work.records.txn
-        merges = work.voids_merge[order]  # found by `_place`: finding them again walks the ancestry again
-        if not all(self._acted_on_by_none(records, order_cid(merge)) for merge in merges):
-            return None
-        trees = [exp_id for merge in merges for exp_id in _tree(records, order_cid(merge))]
-        for merge in merges:
+        trees: list[bytes] = []
+        for merge in sorted(work.voids_merge[order]):  # found by `_place`: finding them again walks the ancestry
             merge_cid = order_cid(merge)
-            self._undo(records, merge_cid)
+            if txn.get(status_key(merge_cid)) != OpStatus.applied(merge_cid).pack():
+                continue  # folded again as an earlier one was undone: void too
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
+            if self._acted_on_by_none(records, merge_cid):
+                trees.extend(_tree(records, merge_cid))
+                self._undo(records, merge_cid)
+                txn.put(status_key(merge_cid), status.pack())
+                continue
+            unfolded = self._unfold_above(work, component, merge_cid)
+            if unfolded is None:
+                return None
+            trees.extend(unfolded[0])
             txn.put(status_key(merge_cid), status.pack())
+            self._fold_again(work, unfolded[1])
         return trees
+
+    def _unfold_above(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
+        """Take back an applied merge and what acted on it since, to fold that again without it; returns the
+        experiences that resolved to what it went into (whose votes the caller counts again) and the orders of the
+        operations to fold again, in canonical order (`_fold_again`).
+
+        What acted on it acted on one of the merges from it up to what it went into (the chain: it and the merges
+        that took it since): the operations after it whose target (for an add, its F) resolved to one of them
+        where the operation sorts. Nothing else read their records, and the sources of the chain's merges are as
+        they were where each became an alias (everything after that named them acted on the chain): they stand
+        for themselves again, the chain's records go, and folding those operations again in canonical order gives
+        the records of the definition (the caller writes the merge's own verdict). A merge folded again that may
+        apply joins the chain's set, so what named it is folded again too. None (nothing changed) if a merge void
+        for a reason other than concurrency names a live experience outside that set: it may apply and take that
+        one, which would need what acted on it since folded again. A new operation not folded yet is folded after
+        this, where it sorts (`_fold_in_place`).
+        """
+        records, txn = work.records, work.records.txn
+        start = self._order(txn, merge)
+        chain, link = [], merge
+        while link is not None:
+            record = records.record(link)
+            assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
+            chain.append(link)
+            link = record.alias_of.raw if record.alias_of is not None else None
+        taken = set(chain)
+        tree = _tree(records, chain[-1])
+        # where each experience resolving to the chain's end joined the chain (an operation after that which names
+        # it acted on the chain): the first merge's tree where it sorts, each other source's where its merge sorts
+        joined: dict[bytes, bytes] = {}
+        for link in chain:
+            record = records.record(link)
+            assert record is not None
+            at = self._order(txn, link)
+            joined[link] = at
+            for source_id in record.absorbed:
+                if source_id.raw not in taken:
+                    joined.update(dict.fromkeys(_tree(records, source_id.raw), at))
+        replay = []
+        applied = OpStatus.applied
+        for key, _ in txn.scan(component_op_prefix(component), component_op_key(component, start)):
+            later = parse_component_op_key(key)
+            cid = order_cid(later)
+            status = txn.get(status_key(cid))
+            if later == start or status is None:
+                continue
+            meta = self.meta(txn, cid)
+            named = meta.targets if meta.kind is not Kind.ADD else [f for f in [txn.get(absorbs_key(cid))] if f]
+            inside = [target in taken or joined.get(target, _LAST_ORDER) < later for target in named]
+            if not any(inside):
+                continue
+            # a merge void by a concurrent modify or delete stays void (§7.4 reads the whole set for that), as does
+            # one naming, outside the set, no experience or one deleted before it; another void one may apply: it
+            # would take what it names outside, whose records hold what acted on them since. One that may apply
+            # joins the set: what names it may act again.
+            if meta.kind is Kind.MERGE and OpStatus.unpack(status).code not in _CONCURRENTLY_VOID:
+                outside = [
+                    records.record(self._resolved_at(records, target, later))
+                    for target, within in zip(named, inside, strict=True)
+                    if not within
+                ]
+                if status == applied(cid).pack() or not outside:
+                    taken.add(cid)
+                elif not any(out is None or self._first_delete(txn, out) < later for out in outside):
+                    return None
+            replay.append(later)
+        for link in chain:
+            record = records.record(link)
+            assert record is not None
+            for source_id in record.absorbed:
+                source = records.record(source_id.raw) if source_id.raw not in taken else None
+                if source is not None and source.alias_of == record.id:
+                    source.status, source.alias_of = Life.LIVE, None  # a source was a live root (§7.4)
+                    records.put(source)
+            records.drop(link)
+        return tree, replay
+
+    def _fold_again(self, work: _Work, replay: list[bytes]) -> None:
+        """Fold operations taken back by `_unfold_above` again, in canonical order."""
+        records, txn = work.records, work.records.txn
+        for order in replay:
+            cid = order_cid(order)
+            op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
+            txn.put(status_key(cid), self._rule(records, cid, op).pack())
 
     def _undo(self, records: _Records, merge: bytes) -> None:
         """Undo an applied merge that nothing but votes acted on: its record goes, its sources stand for themselves,
@@ -950,24 +1044,31 @@ class Library:
         return True
 
     def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> bool:
-        """Fold a late delete of E (`record`), which a merge after it took, where it sorts; False unless nothing but
-        votes acted on that merge since (`_acted_on_by_none`; then the component is folded again).
+        """Fold a late delete of E (`record`), which a merge after it took, where it sorts; False if what acted on
+        the merge cannot be folded again alone (`_unfold_above`: then the component is folded again).
 
-        The merge is void now (`merge.target_deleted`), and it changed only its record and its sources': it is
-        undone as a concurrent delete undoes one (`_undo_merges`), and the delete deletes E where it sorts. Its
-        votes become void, and the votes of its tree count where its members resolve now (`_tally`). Any peer can
-        sign a delete of an add absorbed into an experience a merge took, with a clock just above the add's, which
-        folded the component again.
+        The merge is void now (`merge.target_deleted`): it is undone as a concurrent delete undoes one
+        (`_undo_merges`), the delete deletes E where it sorts, and what acted on the merge since is folded again.
+        Its votes become void, and the votes of its tree count where its members resolve now (`_tally`). Any peer
+        can sign a delete of an add absorbed into an experience a merge took, with a clock just above the add's,
+        which folded the component again.
         """
         records, txn = work.records, work.records.txn
         assert record.alias_of is not None
         merge = record.alias_of.raw
-        if not self._acted_on_by_none(records, merge):
-            return False
-        work.undone.setdefault(component, []).extend(_tree(records, merge))
-        self._undo(records, merge)
+        if self._acted_on_by_none(records, merge):
+            work.undone.setdefault(component, []).extend(_tree(records, merge))
+            self._undo(records, merge)
+            replay = []
+        else:
+            unfolded = self._unfold_above(work, component, merge)
+            if unfolded is None:
+                return False
+            work.undone.setdefault(component, []).extend(unfolded[0])
+            replay = unfolded[1]
         txn.put(status_key(merge), _target_deleted().pack())
         self._delete_in_place(records, component, record.id.raw, [order])
+        self._fold_again(work, replay)
         return True
 
     def _delete_in_place(self, records: _Records, component: bytes, exp_id: bytes, deletes: list[bytes]) -> None:
