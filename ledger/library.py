@@ -126,6 +126,7 @@ TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPO
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
 _REWORDABLE = frozenset({"merge.concurrent_delete", "merge.concurrent_modify", "merge.target_deleted"})
+#: the verdicts of a merge that no record can change: §7.4 reads the whole set of operations for them
 _CONCURRENTLY_VOID = frozenset({"merge.concurrent_delete", "merge.concurrent_modify"})
 
 
@@ -792,8 +793,8 @@ class Library:
         txn, records = work.records.txn, work.records
         records.recent = []  # a component's records are read by its own fold only
         placed = sorted(work.placed[component])
-        # a new operation that voids a merge folds the component again, wherever the merge sorts (§7.4), unless
-        # nothing but votes has acted on the merge since: then the merge is undone
+        # a new operation that voids a merge, wherever the merge sorts (§7.4), undoes it and folds again what acted
+        # on it since (`_undo_merges`), or, if that cannot be done alone, folds the component again
         again = any(order in work.voids_merge for order in placed)
         undone = self._undo_merges(work, component, placed[0]) if again and len(placed) == 1 else None
         again = again and undone is None
@@ -889,9 +890,12 @@ class Library:
         the records of the definition (the caller writes the merge's own verdict). A merge folded again that may
         apply joins the chain's set, so what named it is folded again too. None (nothing changed) if a merge void
         for a reason other than concurrency names a live experience outside that set: it may apply and take that
-        one, which would need what acted on it since folded again. A new operation not folded yet is folded after
-        this, where it sorts (`_fold_in_place`).
+        one, which would need what acted on it since folded again; also if a late add of the batch took adds over
+        (the property tests found a batch of a takeover and a late delete of a merged source that diverged). A new
+        operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
         """
+        if work.takes_over:  # a late add of the batch may have moved adds into or out of the chain's experiences
+            return None
         records, txn = work.records, work.records.txn
         start = self._order(txn, merge)
         chain, link = [], merge
@@ -975,7 +979,12 @@ class Library:
         for key, _ in list(txn.scan(by_target_prefix(merge, _KIND_BYTE[Kind.MERGE]))):
             naming = order_cid(parse_by_target_key(key)[1])
             meta = self.meta(txn, naming)
-            if txn.get(status_key(naming)) is not None and self.clock_void(txn, meta) is None:
+            if (
+                txn.get(status_key(naming)) is not None
+                and self.clock_void(txn, meta) is None
+                # one naming an operation void by its clock was never placed: `_place` gave its verdict
+                and all(txn.get(component_key(target)) is not None for target in meta.targets)
+            ):
                 missing = next(target for target in meta.targets if records.record(target) is None)
                 txn.put(status_key(naming), _not_experience(missing).pack())
 

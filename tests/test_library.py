@@ -805,6 +805,23 @@ def test_a_modify_that_voids_a_merge_a_void_merge_names_undoes_it_and_rewords_th
     node.close()
 
 
+def test_an_undo_leaves_the_verdict_of_a_merge_naming_it_and_an_operation_void_by_its_clock(tmp_path):
+    """That merge was never placed (`_place` named the void operation, which has no component): found by the
+    property tests (seed 42969), an undo reworded it to name the undone merge."""
+    a, b, vote, merge = _two_adds_a_vote_and_their_merge()
+    c = f.add(f.SEED_TEXTS[3], f.author(9))
+    clock_void = next(
+        void for key in range(20, 80) if (void := _merge((a, c), clock=1, parents=[a.cid], key=key)).cid > merge.cid
+    )
+    naming = _merge((merge, clock_void), clock=6, parents=[merge.cid, clock_void.cid], key=8, text=TEXT_C)
+    rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
+    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, clock_void, naming], rival)
+    assert refolded == 0
+    status = node.view().status(naming.cid)
+    assert status.code == "target.not_experience" and str(clock_void.cid) in status.reason
+    node.close()
+
+
 @pytest.mark.parametrize("after", ["absorbed add", "modify", "delete", "merge"])
 def test_a_modify_that_voids_a_merge_something_acted_on_undoes_both_without_a_refold(tmp_path, after):
     """What acted on the merge is folded again without it (`Library._unfold_above`): the 1M workload's largest
