@@ -182,7 +182,7 @@ class _ComponentProbe:
 
     members: int
     merge: float | None  # a merge of two of its roots (None: fewer than 6 roots)
-    late_merge: float | None  # a merge of two of its earliest roots no merge took, sorting just after them
+    late_merge: float | None  # two early roots of one add only votes and void merges name, merged just after them
     late_merge_refolded: int  # the operations such a merge folds again (median)
     takeover: float  # an add with clock 1 repeating one of its adds, first among their copies: it takes them over
     taken: int  # the adds such a takeover took over: now absorbed into it (median)
