@@ -864,18 +864,23 @@ class Library:
                 continue  # folded again as an earlier one was undone: void too
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
-            if self._acted_on_by_none(records, merge_cid):
-                trees.extend(_tree(records, merge_cid))
-                self._undo(records, merge_cid)
-                txn.put(status_key(merge_cid), status.pack())
-                continue
-            unfolded = self._unfold_above(work, component, merge_cid)
-            if unfolded is None:
+            taken_back = self._take_back(work, component, merge_cid)
+            if taken_back is None:
                 return None
-            trees.extend(unfolded[0])
+            trees.extend(taken_back[0])
             txn.put(status_key(merge_cid), status.pack())
-            self._fold_again(work, unfolded[1])
+            self._fold_again(work, taken_back[1])
         return trees
+
+    def _take_back(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
+        """Undo an applied merge: by itself if nothing but votes acted on it (`_undo`), else with what acted on it
+        (`_unfold_above`); returns the experiences that resolved to what it went into and the operations to fold
+        again (`_fold_again`), or None if that cannot be done without folding the component again."""
+        if self._acted_on_by_none(work.records, merge):
+            tree = _tree(work.records, merge)
+            self._undo(work.records, merge)
+            return tree, []
+        return self._unfold_above(work, component, merge)
 
     def _unfold_above(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
         """Take back an applied merge and what acted on it since, to fold that again without it; returns the
@@ -1065,19 +1070,13 @@ class Library:
         records, txn = work.records, work.records.txn
         assert record.alias_of is not None
         merge = record.alias_of.raw
-        if self._acted_on_by_none(records, merge):
-            work.undone.setdefault(component, []).extend(_tree(records, merge))
-            self._undo(records, merge)
-            replay = []
-        else:
-            unfolded = self._unfold_above(work, component, merge)
-            if unfolded is None:
-                return False
-            work.undone.setdefault(component, []).extend(unfolded[0])
-            replay = unfolded[1]
+        taken_back = self._take_back(work, component, merge)
+        if taken_back is None:
+            return False
+        work.undone.setdefault(component, []).extend(taken_back[0])
         txn.put(status_key(merge), _target_deleted().pack())
         self._delete_in_place(records, component, record.id.raw, [order])
-        self._fold_again(work, replay)
+        self._fold_again(work, taken_back[1])
         return True
 
     def _delete_in_place(self, records: _Records, component: bytes, exp_id: bytes, deletes: list[bytes]) -> None:
