@@ -824,7 +824,10 @@ class Library:
             self._move_counts(records, changed)
         elif changed:  # after an undo only the undone merges' trees resolve elsewhere (and to where they did)
             trees = undone if undone is not None else None if again else work.undone.get(component)
-            if trees is None or not set(changed) <= set(trees):  # other late operations changed other roots
+            # other late operations changed other roots; a late add that took adds over moved them between roots
+            # that stand for what they did, outside the trees
+            took_over = any(txn.get(component_key(cid)) == component for cid in work.takes_over)
+            if trees is None or not set(changed) <= set(trees) or took_over:
                 trees = self._members(txn, component)
             self._tally(work, trees, touched)
         elif again:  # the same experiences stand for the same ones: the votes count as they did
@@ -895,12 +898,9 @@ class Library:
         the records of the definition (the caller writes the merge's own verdict). A merge folded again that may
         apply joins the chain's set, so what named it is folded again too. None (nothing changed) if a merge void
         for a reason other than concurrency names a live experience outside that set: it may apply and take that
-        one, which would need what acted on it since folded again; also if a late add of the batch took adds over
-        (the property tests found a batch of a takeover and a late delete of a merged source that diverged). A new
-        operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
+        one, which would need what acted on it since folded again. A new operation not folded yet is folded after
+        this, where it sorts (`_fold_in_place`).
         """
-        if work.takes_over:  # a late add of the batch may have moved adds into or out of the chain's experiences
-            return None
         records, txn = work.records, work.records.txn
         start = self._order(txn, merge)
         chain, link = [], merge
