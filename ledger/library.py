@@ -887,8 +887,8 @@ class Library:
 
     def _unfold_above(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
         """Take back an applied merge and what acted on it since, to fold that again without it; returns the
-        experiences that resolved to what it went into (whose votes the caller counts again) and the orders of the
-        operations to fold again, in canonical order (`_fold_again`).
+        experiences that resolved to what it went into and the merges to fold again (whose votes the caller counts
+        again) and the orders of the operations to fold again, in canonical order (`_fold_again`).
 
         What acted on it acted on one of the merges from it up to what it went into (the chain: it and the merges
         that took it since): the operations after it whose target (for an add, its F) resolved to one of them
@@ -911,6 +911,7 @@ class Library:
             link = record.alias_of.raw if record.alias_of is not None else None
         taken = set(chain)
         tree = _tree(records, chain[-1])
+        in_tree = set(tree)
         # where each experience resolving to the chain's end joined the chain (an operation after that which names
         # it acted on the chain): the first merge's tree where it sorts, each other source's where its merge sorts
         joined: dict[bytes, bytes] = {}
@@ -949,6 +950,8 @@ class Library:
                     taken.add(cid)
                 elif not any(out is None or self._first_delete(txn, out) < later for out in outside):
                     return None
+                if cid not in in_tree:  # the votes naming one that applies now count there (`_tally`)
+                    tree.append(cid)
             replay.append(later)
         for link in chain:
             record = records.record(link)

@@ -898,13 +898,15 @@ def test_a_late_delete_undoing_a_deleted_merge_lets_a_merge_it_voided_apply_and_
     gone = op(Kind.DELETE, key=6, clock=6, parents=[merge.cid], target=merge.cid, reason="wrong")
     void = _merge((b, c), clock=7, parents=[gone.cid], key=7, text=TEXT_B)  # what it names was deleted
     modify = op(Kind.MODIFY, key=8, clock=8, parents=[void.cid], target=void.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=10, clock=8, parents=[void.cid], target=void.cid, vote=1)
     late = op(Kind.DELETE, key=9, clock=3, target=near_copy.cid, reason="wrong")  # voids the first merge
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, c, merge, gone, void, modify], late)
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, c, merge, gone, void, modify, vote], late)
     assert refolded == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.target_deleted" and view.experience(a.cid).status == "deleted"
     assert view.status(gone.cid).code == "target.not_experience"
     assert view.status(void.cid).outcome == "applied" and view.experience(void.cid).heads == [modify.cid]
+    assert view.status(vote.cid).outcome == "applied" and view.experience(void.cid).up == 1
     node.close()
 
 
