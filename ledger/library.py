@@ -896,10 +896,11 @@ class Library:
         they were where each became an alias (everything after that named them acted on the chain): they stand
         for themselves again, the chain's records go, and folding those operations again in canonical order gives
         the records of the definition (the caller writes the merge's own verdict). A merge folded again that may
-        apply joins the chain's set, so what named it is folded again too. None (nothing changed) if a merge void
-        for a reason other than concurrency names a live experience outside that set: it may apply and take that
-        one, which would need what acted on it since folded again. A new operation not folded yet is folded after
-        this, where it sorts (`_fold_in_place`).
+        apply joins the chain's set, so what named it is folded again too. One void for a reason other than
+        concurrency may apply and take the live experiences it names outside: each joins the set where that merge
+        sorts if nothing but votes and absorbed adds acted on it since, and the adds absorbed since are folded again
+        (`_release_adds_after`); None (nothing changed) if something else acted on one, which would need that
+        folded again. A new operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
         """
         records, txn = work.records, work.records.txn
         start = self._order(txn, merge)
@@ -949,7 +950,15 @@ class Library:
                 if status == applied(cid).pack() or not outside:
                     taken.add(cid)
                 elif not any(out is None or self._first_delete(txn, out) < later for out in outside):
-                    return None
+                    if not all(self._joins_unchanged(records, component, out, later) for out in outside):
+                        return None
+                    for out in outside:
+                        members = _tree(records, out.id.raw)
+                        joined.update(dict.fromkeys(members, later))
+                        tree.extend(member for member in members if member not in in_tree)
+                        in_tree.update(members)
+                        self._release_adds_after(records, out, later)
+                    taken.add(cid)
                 if cid not in in_tree:  # the votes naming one that applies now count there (`_tally`)
                     tree.append(cid)
             replay.append(later)
@@ -963,6 +972,21 @@ class Library:
                     records.put(source)
             records.drop(link)
         return tree, replay
+
+    def _joins_unchanged(self, records: _Records, component: bytes, out: ExperienceRecord, order: bytes) -> bool:
+        """Whether an experience a merge folded again at `order` may take is as it was there but for the votes and
+        the adds absorbed into it since: a live root that no modify, delete or merge acted on after `order`."""
+        return out.status is Life.LIVE and not self._acted_on_after(records, component, [out.id.raw], order)
+
+    def _release_adds_after(self, records: _Records, out: ExperienceRecord, order: bytes) -> None:
+        """Take the adds absorbed into a root after `order` out of its record, to be folded again: a merge there
+        may take it, and then lists them (`_add` lists an add in what its F resolved to where the add sorts)."""
+        txn = records.txn
+        after = {add.raw for add in out.absorbed if self._order(txn, add.raw) > order}  # its sources sort before
+        if after:
+            out.absorbed = [add for add in out.absorbed if add.raw not in after]
+            out.support -= len(after)
+            records.put(out)
 
     def _fold_again(self, work: _Work, replay: list[bytes]) -> None:
         """Fold operations taken back by `_unfold_above` again, in canonical order."""
