@@ -867,7 +867,7 @@ class Library:
                 continue  # folded again as an earlier one was undone: void too
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
-            taken_back = self._take_back(work, component, merge_cid)
+            taken_back = self._take_back(work, component, merge_cid, order)
             if taken_back is None:
                 return None
             trees.extend(taken_back[0])
@@ -875,48 +875,71 @@ class Library:
             self._fold_again(work, taken_back[1])
         return trees
 
-    def _take_back(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
+    def _take_back(
+        self, work: _Work, component: bytes, merge: bytes, now: bytes
+    ) -> tuple[list[bytes], list[bytes]] | None:
         """Undo an applied merge: by itself if nothing but votes acted on it (`_undo`), else with what acted on it
-        (`_unfold_above`); returns the experiences that resolved to what it went into and the operations to fold
-        again (`_fold_again`), or None if that cannot be done without folding the component again."""
+        (`_unfold_above`; `now`: the order of the operation being folded); returns the experiences that resolved to
+        what it went into and the operations to fold again (`_fold_again`), or None if that cannot be done without
+        folding the component again."""
         if self._acted_on_by_none(work.records, merge):
             tree = _tree(work.records, merge)
             self._undo(work.records, merge)
             return tree, []
-        return self._unfold_above(work, component, merge)
+        return self._unfold_above(work, component, merge, now)
 
-    def _unfold_above(self, work: _Work, component: bytes, merge: bytes) -> tuple[list[bytes], list[bytes]] | None:
-        """Take back an applied merge and what acted on it since, to fold that again without it; returns the
-        experiences that resolved to what it went into and the merges to fold again (whose votes the caller counts
-        again) and the orders of the operations to fold again, in canonical order (`_fold_again`).
+    def _unfold_above(
+        self, work: _Work, component: bytes, merge: bytes, now: bytes
+    ) -> tuple[list[bytes], list[bytes]] | None:
+        """Take back an applied merge and what acted on it since, to fold that again without it (`_unfold`; the
+        caller writes the merge's own verdict)."""
+        return self._unfold(work, component, self._order(work.records.txn, merge), [merge], [], now)
 
-        What acted on it acted on one of the merges from it up to what it went into (the chain: it and the merges
-        that took it since): the operations after it whose target (for an add, its F) resolved to one of them
-        where the operation sorts. Nothing else read their records, and the sources of the chain's merges are as
-        they were where each became an alias (everything after that named them acted on the chain): they stand
-        for themselves again, the chain's records go, and folding those operations again in canonical order gives
-        the records of the definition (the caller writes the merge's own verdict). A merge folded again that may
-        apply joins the chain's set, so what named it is folded again too. One void for a reason other than
+    def _unfold(
+        self, work: _Work, component: bytes, start: bytes, bottoms: list[bytes], rewound: list[bytes], now: bytes
+    ) -> tuple[list[bytes], list[bytes]] | None:
+        """Take back the applied merges `bottoms` (none sorting before `start`) and the roots `rewound` to where
+        `start` sorts, with what acted on them since, to fold that again; returns the experiences that resolved to
+        what they went into and the merges to fold again (whose votes the caller counts again) and the orders of
+        the operations to fold again, in canonical order (`_fold_again`).
+
+        What acted on a merge acted on one of the merges from it up to what it went into (its chain: it and the
+        merges that took it since): the operations after it whose target (for an add, its F) resolved to one of
+        them where the operation sorts. Nothing else read their records, and the sources of the chain's merges are
+        as they were where each became an alias (everything after that named them acted on the chain): they stand
+        for themselves again and the chain's records go. A rewound root's modifies, deletes and absorbed adds after
+        `start` are taken out of its record (`_rewind`) and folded again with what named its experiences since.
+        Folding those operations again in canonical order gives the records of the definition. A merge folded
+        again that may apply joins the set, so what named it is folded again too. One void for a reason other than
         concurrency may apply and take the live experiences it names outside: each joins the set where that merge
         sorts if nothing but votes and absorbed adds acted on it since, and the adds absorbed since are folded again
         (`_release_adds_after`); None (nothing changed) if something else acted on one, which would need that
-        folded again. A new operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
+        folded again, or if a late add of the batch not folded yet (it sorts after `now`, the operation being
+        folded) took adds over in the component: their F names it already (the property tests found it). A new
+        operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
         """
         records, txn = work.records, work.records.txn
-        start = self._order(txn, merge)
-        chain, link = [], merge
-        while link is not None:
-            record = records.record(link)
-            assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
-            chain.append(link)
-            link = record.alias_of.raw if record.alias_of is not None else None
-        taken = set(chain)
-        tree = _tree(records, chain[-1])
+        if any(self._order(txn, add) > now and txn.get(component_key(add)) == component for add in work.takes_over):
+            return None  # a late add of the batch not folded yet took adds over: their F is that add already
+        taken: set[bytes] = set()
+        chains = []
+        for bottom in bottoms:
+            link: bytes | None = bottom
+            while link is not None and link not in taken:
+                record = records.record(link)
+                assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
+                chains.append(link)
+                taken.add(link)
+                link = record.alias_of.raw if record.alias_of is not None else None
+        tree: list[bytes] = []
+        for root in sorted({records.resolved(exp_id) for exp_id in [*bottoms, *rewound]} - {None}):
+            tree.extend(_tree(records, root))  # type: ignore[arg-type]
         in_tree = set(tree)
-        # where each experience resolving to the chain's end joined the chain (an operation after that which names
-        # it acted on the chain): the first merge's tree where it sorts, each other source's where its merge sorts
+        # where each experience resolving to a chain's end joined the chain (an operation after that which names
+        # it acted on the chain): the first merge's tree where it sorts, each other source's where its merge sorts;
+        # a rewound root's tree where `start` sorts
         joined: dict[bytes, bytes] = {}
-        for link in chain:
+        for link in chains:
             record = records.record(link)
             assert record is not None
             at = self._order(txn, link)
@@ -924,7 +947,9 @@ class Library:
             for source_id in record.absorbed:
                 if source_id.raw not in taken:
                     joined.update(dict.fromkeys(_tree(records, source_id.raw), at))
-        replay = []
+        for root in rewound:
+            joined.update(dict.fromkeys(_tree(records, root), start))
+        replay, released = [], []
         applied = OpStatus.applied
         for key, _ in txn.scan(component_op_prefix(component), component_op_key(component, start)):
             later = parse_component_op_key(key)
@@ -957,12 +982,12 @@ class Library:
                         joined.update(dict.fromkeys(members, later))
                         tree.extend(member for member in members if member not in in_tree)
                         in_tree.update(members)
-                        self._release_adds_after(records, out, later)
+                        released.append((out.id.raw, later))
                     taken.add(cid)
                 if cid not in in_tree:  # the votes naming one that applies now count there (`_tally`)
                     tree.append(cid)
             replay.append(later)
-        for link in chain:
+        for link in chains:
             record = records.record(link)
             assert record is not None
             for source_id in record.absorbed:
@@ -971,7 +996,29 @@ class Library:
                     source.status, source.alias_of = Life.LIVE, None  # a source was a live root (§7.4)
                     records.put(source)
             records.drop(link)
+        for root in rewound:
+            self._rewind(records, component, root, start)
+        for exp_id, order in released:
+            out = records.record(exp_id)
+            assert out is not None
+            self._release_adds_after(records, out, order)
         return tree, replay
+
+    def _rewind(self, records: _Records, component: bytes, exp_id: bytes, start: bytes) -> None:
+        """Make a root's record what it was where `start` sorts: without the adds absorbed into it, the deletes of
+        it and the modifies of it since, which are folded again (`_unfold`). Its heads are the maximal ones among
+        its modifies before `start` (those sort before a delete after `start`, so they are applied)."""
+        txn = records.txn
+        record = records.record(exp_id)
+        assert record is not None and record.status is not Life.ALIAS
+        modifies = self._applied_to(records, component, exp_id, _MODIFIES)  # before its adds leave: some name them
+        if any(order > start for order, _ in modifies):
+            self._heads_before(records, record, modifies, start)
+        later = [cid for cid in record.deleted_by if self._order(txn, cid.raw) > start]
+        record.deleted_by = [cid for cid in record.deleted_by if cid not in later]
+        record.status = Life.DELETED if record.deleted_by else Life.LIVE
+        records.put(record)
+        self._release_adds_after(records, record, start)
 
     def _joins_unchanged(self, records: _Records, component: bytes, out: ExperienceRecord, order: bytes) -> bool:
         """Whether an experience a merge folded again at `order` may take is as it was there but for the votes and
@@ -1065,7 +1112,7 @@ class Library:
             txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
             return True
         if op.kind is Kind.MERGE:
-            return self._merge_in_place(records, component, cid, op, order)
+            return self._merge_in_place(work, component, cid, op, order)
         if op.kind not in (Kind.MODIFY, Kind.DELETE):
             return False
         assert op.target is not None
@@ -1097,7 +1144,7 @@ class Library:
         records, txn = work.records, work.records.txn
         assert record.alias_of is not None
         merge = record.alias_of.raw
-        taken_back = self._take_back(work, component, merge)
+        taken_back = self._take_back(work, component, merge, order)
         if taken_back is None:
             return False
         work.undone.setdefault(component, []).extend(taken_back[0])
@@ -1198,19 +1245,19 @@ class Library:
             return _superseded_by_delete()
         return self._add_head(records, cid, record, op)
 
-    def _merge_in_place(self, records: _Records, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late merge where it sorts; False if it is not void by a concurrent modify or delete of a target
-        and an operation after it other than a vote or an absorbed add acted on an experience it takes
-        (`_acted_on_after`: it would act on the merge; then the component is folded again). One signed late is
-        concurrent with the modifies and deletes of its targets it does not descend from, and void by them.
+    def _merge_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
+        """Fold a late merge where it sorts; False if what acted on the experiences it takes since cannot be folded
+        again alone (`_merge_unfolding`; then the component is folded again). One signed late is concurrent with
+        the modifies and deletes of its targets it does not descend from, and void by them: it changes no record.
 
-        Otherwise those experiences are as they were where it sorts but for the adds absorbed into them since, so
-        its verdict is the one folding it on top gives (§7.4): its sources become its aliases, and the adds
-        absorbed into them after it move to its record (`_add` lists an add in what its F resolved to where the
-        add sorts; the merge's support counts them already). Any peer can sign a merge of two small roots with a
-        clock just above theirs: it folded the 1M workload's largest component again (9,565 operations, 1.5-2.3 s).
+        If nothing after it but votes and absorbed adds acted on the experiences it takes (`_acted_on_after`),
+        they are as they were where it sorts but for those adds, so its verdict is the one folding it on top gives
+        (§7.4): its sources become its aliases, and the adds absorbed into them after it move to its record (`_add`
+        lists an add in what its F resolved to where the add sorts; the merge's support counts them already). Any
+        peer can sign a merge of two small roots with a clock just above theirs: it folded the 1M workload's
+        largest component again (9,565 operations, 1.5-2.3 s).
         """
-        txn = records.txn
+        records, txn = work.records, work.records.txn
         meta = self.meta(txn, cid)
         ends = records.resolved_all(list(meta.targets))
         roots = sorted({end for end in ends.values() if end is not None})
@@ -1219,7 +1266,7 @@ class Library:
             txn.put(status_key(cid), voided.pack())
             return True
         if None not in ends.values() and self._acted_on_after(records, component, roots, order):
-            return False
+            return self._merge_unfolding(work, component, cid, op, order)
         status = self._rule(records, cid, op)
         txn.put(status_key(cid), status.pack())
         if status.outcome is Outcome.APPLIED:
@@ -1235,6 +1282,29 @@ class Library:
                     records.put(source)
                     merge.absorbed = _sorted_cids([*(add.raw for add in merge.absorbed), *later])
             records.put(merge)
+        return True
+
+    def _merge_unfolding(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
+        """Fold a late merge where it sorts when something after it acted on an experience it takes: what each of
+        its targets resolved to there is rewound to that point and what acted on it since taken back with the
+        merges that took it since (`_unfold`), the merge's verdict is the one folding it there gives, and what was
+        taken back is folded again after it; False if that cannot be done alone. One whose target was deleted
+        before it is void (§7.4) and changes no record. Any peer can sign a merge of two experiences that merges,
+        modifies or deletes acted on since, with a clock just above theirs."""
+        records, txn = work.records, work.records.txn
+        rewound = sorted({self._resolved_at(records, target, order) for target in self.meta(txn, cid).targets})
+        stood = [records.record(exp_id) for exp_id in rewound]
+        if any(record is not None and self._first_delete(txn, record) < order for record in stood):
+            txn.put(status_key(cid), _target_deleted().pack())
+            return True
+        bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
+        unfolded = self._unfold(work, component, order, bottoms, rewound, order)
+        if unfolded is None:
+            return False
+        tree, replay = unfolded
+        work.undone.setdefault(component, []).extend([*tree, cid])
+        txn.put(status_key(cid), self._rule(records, cid, op).pack())
+        self._fold_again(work, replay)
         return True
 
     def _acted_on_after(self, records: _Records, component: bytes, roots: list[bytes], order: bytes) -> bool:

@@ -254,6 +254,12 @@ _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 # a late copy that takes an add from a root, and a late delete that takes back a merge, in one batch: the root's
 # votes were counted again over the merge's tree alone, which lacks the root (found at six times the examples)
 @example(seed=3055, absorption=2)
+# a late merge whose targets' experience a modify of an absorbed copy acted on since, rewound (49225); a late merge
+# (60) and a delete taking a merge back (854, by_name) in a batch with a late copy after them that takes adds over:
+# its F names that copy before it is folded
+@example(seed=49225, absorption=1)
+@example(seed=60, absorption=2)
+@example(seed=854, absorption=2)
 def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_converge(
     tmp_path_factory, monkeypatch, by_name, seed, absorption
 ):
