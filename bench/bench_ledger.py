@@ -22,10 +22,12 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 copies of that window); a
                 modify, a delete and a copy that sort just after early members no merge names (folded
                 where they sort), and a modify and a delete of two such
-                members in one batch; a delete of one an applied merge names (it voids the merge: the
-                merge is undone if nothing but votes acted on it since, else the component is folded
-                again), then another once the merge is void (its verdict is reworded); medians of 3, what
-                one peer can make a node spend
+                members in one batch; a delete of one an applied merge names (it voids the merge, which
+                is taken back with what acted on it since), then another once the merge is void (its
+                verdict is reworded); a merge of two early roots sorting just after them; medians of 3,
+                what one peer can make a node spend; at the last checkpoint, after the other probes, a
+                merge of an early add that a merge took and a new add, sorting just after them (the merge
+                that took the add takes the late one instead)
   splits and    at each checkpoint, in the repeated insight's experience: a late add near an add absorbed
   joins         into it but not near the insight takes adds out of it, then a late copy of the insight near
                 the experience that add now stands for (with a modify) joins the two (PROTOCOL.md 7.5); the
@@ -212,6 +214,52 @@ def _only_voted(view: LedgerView, exp_id: CID) -> bool:
         view.kind(named) is Kind.VOTE or (view.kind(named) is Kind.MERGE and view.status(named).outcome is Outcome.VOID)
         for named in view.by_target(exp_id)
     )
+
+
+#: texts of the adds the late merges of taken adds merge them with, far from the workload's and each other's
+PARTNER_TEXTS = (
+    "When a proof by induction stalls, strengthen the hypothesis before adding more cases.",
+    "When parsing dates from logs, normalise the time zones before comparing two timestamps.",
+    "When a measured reaction yield exceeds the theoretical one, recheck the limiting reagent.",
+)
+
+
+def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int] | None:
+    """In the largest component, merges of an early add that an applied merge took, in a live experience, and a
+    new add with clock 1 (ingested first, not timed), each merge with a clock just above the two and no parents,
+    signed by keys of this probe: the merge that took the first add takes the late one instead, and what acted on
+    it since is folded again (PROTOCOL.md 7.5). Their median cost and the median count of operations each folds
+    again; None if the component has no such add. The last probe of a run: its merges change what the others
+    probe."""
+    component, _ = _largest(ledger)
+    view = ledger.view()
+    members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
+    early = sorted((m for m in members if view.kind(m) is Kind.ADD), key=lambda m: (view.clock(m), m.raw))[:200]
+    taken = [
+        m
+        for m in early
+        if (record := view.experience(m)) and record.alias_of and view.kind(record.alias_of) is Kind.MERGE
+    ]
+    embedder = embedder_for(ledger.params)
+    vectors = [pack_float16(values) for values in embedder.embed(list(PARTNER_TEXTS))]
+    times, refolded = [], []
+    for round_, (text, vector) in enumerate(zip(PARTNER_TEXTS, vectors, strict=True)):
+        now = ledger.view()
+        add = next((m for m in taken if (record := now.experience(now.resolve(m))) and record.live), None)
+        if add is None:
+            break
+        taken.remove(add)
+        content = Experience(text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
+        partner = sign(Operation(Kind.ADD, "", 1, (), 1_700_000_000, content=content), _probe_key(220, round_, probe))
+        ledger.ingest([partner.data])
+        before = ledger.refolded
+        times.append(_timed(ledger, _merge(ledger, add, partner.cid, _probe_key(210, round_, probe), late=True)))
+        refolded.append(ledger.refolded - before)
+    return (statistics.median(times), int(statistics.median(refolded))) if times else None
+
+
+def _probe_key(base: int, round_: int, probe: int) -> AuthorKey:
+    return AuthorKey(bytes([base + round_, probe]) * 16)
 
 
 def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
@@ -509,6 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     regroups: list[_RegroupProbe | None] = []  # per checkpoint: splits and joins of the repeated insight
     deleted: _RegroupProbe | None = None  # at the last checkpoint: the same with a delete of what leaves
+    merged_late: tuple[float, int] | None = None  # then late merges of adds merges took: median seconds, refolded
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -553,6 +602,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not checkpoints:  # last: it leaves the insight's experience deleted
                     region += regroups[-1] is not None
                     deleted = _splits_and_joins(ledger, len(regroups), region, sorted(copies), deleting=True)
+                    merged_late = _late_merges_of_taken(ledger, len(components))
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(
@@ -651,6 +701,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  {'':16} with a delete of an add that leaves: a split {split:,.1f} ms (the insight live again), "
             f"a join of the deleted experience {join:,.1f} ms (folded {deleted.refolded:,} operations again)"
+        )
+    if merged_late is not None:
+        print(
+            f"  at {marks[-1][0]:>9,} ops: a merge of an early add a merge took and a new add, sorting "
+            f"just after them, {merged_late[0] * 1000:,.1f} ms (folds {merged_late[1]:,} operations again)"
         )
     median_batch = statistics.median(batch_times)
     longest = max(range(len(batch_times)), key=batch_times.__getitem__)
