@@ -1324,19 +1324,21 @@ class Library:
 
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
-        would join an experience a merge took, or take adds that a merge names out of theirs, or move a delete
-        where a merge's verdict could change (then the component is folded again).
+        would join an experience a merge took along with another or into one a merge took, or take adds that a
+        merge names out of theirs, or move a delete where a merge's verdict could change (then the component is
+        folded again).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the
         largest experience whose first add it takes over, which it renames (`_rename`). Every other group moves
-        into what the new add stands for: a whole experience whose first it takes over if no merge took it
-        (`_absorb_experience`: a join, its deletes with it), or else the adds whose chains pass through the adds
-        taken over (`_split_off`: they leave their experience; the deletes naming them go with them, `_undelete`
-        and `_delete_in_place`, and the modifies naming them are folded again, `_move_modifies`). Each costs what
-        it moves, not the component: one peer could sign a copy near the first adds of two experiences, or near
-        an add but not its first, and make a node fold the 1M workload's largest component again (1.8-2.6 s) for
-        each; with a delete of an add that moves signed first, until deletes moved with them.
+        into what the new add stands for: a whole experience whose first it takes over (`_absorb_experience`: a
+        join, its deletes with it; a merge that took it is taken back first, `_unfold_joined`), or else the adds
+        whose chains pass through the adds taken over (`_split_off`: they leave their experience; the deletes
+        naming them go with them, `_undelete` and `_delete_in_place`, and the modifies naming them are folded
+        again, `_move_modifies`). Each costs what it moves, not the component: one peer could sign a copy near
+        the first adds of two experiences, or near an add but not its first, and make a node fold the 1M
+        workload's largest component again (1.8-2.6 s) for each; with a delete of an add that moves signed first,
+        until deletes moved with them.
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
@@ -1360,13 +1362,15 @@ class Library:
         host_id = ends[into] if into is not None else kept
         host = records.record(host_id) if host_id is not None else None
         deletable = host is None or host.status is not Life.ALIAS
-        joined, split = [], []
+        joined, split, merged = [], [], []
         for end in sorted(groups.keys() - {kept}):
             if end in taken:  # its first: the whole experience moves
                 record = records.record(end)
                 assert record is not None
-                if record.status is Life.ALIAS or (record.status is Life.DELETED and not deletable):
+                if (record.status is Life.ALIAS or record.status is Life.DELETED) and not deletable:
                     return False
+                if record.alias_of is not None:  # a merge took it: taken back, and folded again (below)
+                    merged.append(record.alias_of.raw)
                 joined.append(end)
                 continue
             carried = self._carried_through(work, earlier, groups[end])
@@ -1383,6 +1387,13 @@ class Library:
             modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
             split.append((end, carried, modifies, voted, deletes, staying))
+        unfolded = None
+        if merged:  # only a join of one merged experience alone, below
+            if split or len(joined) > 1:
+                return False
+            unfolded = self._unfold_joined(work, component, merged[0], host_id, list(taken), order)
+            if unfolded is None:
+                return False
         if into is not None:
             self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
         elif kept is not None:
@@ -1400,7 +1411,25 @@ class Library:
                 assert stands is not None
                 self._delete_in_place(records, component, stands, deletes)
             self._move_modifies(work, component, modifies)
+        if unfolded is not None:
+            self._fold_again(work, unfolded[1])
         return True
+
+    def _unfold_joined(
+        self, work: _Work, component: bytes, merge: bytes, host: bytes | None, taken: list[bytes], order: bytes
+    ) -> tuple[list[bytes], list[bytes]] | None:
+        """Take back the merge that took the experience a late add at `order` joins into what it stands for (`host`
+        if not new, which no merge took), and rewind that to where the merge sorts (`_unfold`): the experience
+        joins it as if no merge had taken it, and the merge and what acted on them since are folded again after (it
+        takes what it names where it stands then). None if the host or an add taken over sorts after the merge:
+        folded again, the merge would list it. Any peer can sign a copy near the first add of an experience a
+        merge took, with a clock below it: it folded the 1M workload's largest component again (1.8-2.6 s)."""
+        txn = work.records.txn
+        start = self._order(txn, merge)
+        if any(self._order(txn, add) > start for add in [*taken, *([host] if host is not None else [])]):
+            return None
+        unfolded = self._unfold(work, component, start, [merge], [host] if host is not None else [], order)
+        return None if unfolded is None else (unfolded[0], [start, *unfolded[1]])  # the merge is folded again too
 
     def _rename(
         self, work: _Work, component: bytes, cid: bytes, op: Operation, old: bytes, taken: dict[bytes, bytes | None]

@@ -462,6 +462,26 @@ def test_a_late_copy_joining_an_experience_with_a_modify_and_a_vote_folds_them_w
     node.close()
 
 
+def test_a_late_copy_joining_an_experience_a_merge_took_lets_the_merge_take_what_it_joins_without_a_refold(tmp_path):
+    """The smaller experience was merged with x after the copy's clock: the merge is taken back, the experience
+    joins the copy's, and the merge folded again takes that, with the modify and the vote on the merge acting on
+    it again (`Library._unfold_joined`). It folded the component again (1.8-2.6 s at 1M)."""
+    larger, copy = _add_of(NEAR[0], 3, 1), _add_of(NEAR[0], 4, 2)
+    other, x = _add_of(NEAR[2], 4, 3), f.add(f.SEED_TEXTS[1], f.author(7))
+    merge = _merge((other, x), clock=5, parents=[other.cid, x.cid], key=8)
+    modify = op(Kind.MODIFY, key=4, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=5, clock=6, parents=[merge.cid], target=merge.cid, vote=1)
+    late = _add_of(NEAR[1], 1, 6)
+    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, x, merge, modify, vote], late)
+    assert refolded == 0
+    view = node.view()
+    record = view.experience(merge.cid)
+    assert record.absorbed == sorted([late.cid, x.cid]) and record.support == 5
+    assert record.heads == [modify.cid] and (record.up, record.down) == (1, 0)
+    assert view.resolve(larger.cid) == merge.cid and view.status(other.cid).into == late.cid
+    node.close()
+
+
 def _split_history():
     """An experience whose first add is not near the last add absorbed into it: the third is absorbed into the
     second, which alone of the two earlier ones it is near."""
