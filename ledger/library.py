@@ -1387,12 +1387,12 @@ class Library:
             modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
             split.append((end, carried, modifies, voted, deletes, staying))
-        unfolded = None
+        replay = None
         if merged:  # only a join of one merged experience alone, below
             if split or len(joined) > 1:
                 return False
-            unfolded = self._unfold_joined(work, component, merged[0], host_id, list(taken), order)
-            if unfolded is None:
+            replay = self._unfold_joined(work, component, merged[0], host_id, list(taken), order)
+            if replay is None:
                 return False
         if into is not None:
             self._repoint_within(work, cid, op, order, {add: taken[add] for add in groups.get(ends[into], [])})
@@ -1411,17 +1411,18 @@ class Library:
                 assert stands is not None
                 self._delete_in_place(records, component, stands, deletes)
             self._move_modifies(work, component, modifies)
-        if unfolded is not None:
-            self._fold_again(work, unfolded[1])
+        if replay is not None:
+            self._fold_again(work, replay)
         return True
 
     def _unfold_joined(
         self, work: _Work, component: bytes, merge: bytes, host: bytes | None, taken: list[bytes], order: bytes
-    ) -> tuple[list[bytes], list[bytes]] | None:
+    ) -> list[bytes] | None:
         """Take back the merge that took the experience a late add at `order` joins into what it stands for (`host`
         if not new, which no merge took), and rewind that to where the merge sorts (`_unfold`): the experience
         joins it as if no merge had taken it, and the merge and what acted on them since are folded again after (it
-        takes what it names where it stands then). None if the host or an add taken over sorts after the merge:
+        takes what it names where it stands then); returns the orders to fold again (the caller's tally counts
+        the whole component's votes after a takeover). None if the host or an add taken over sorts after the merge:
         folded again, the merge would list it. Any peer can sign a copy near the first add of an experience a
         merge took, with a clock below it: it folded the 1M workload's largest component again (1.8-2.6 s)."""
         txn = work.records.txn
@@ -1429,7 +1430,7 @@ class Library:
         if any(self._order(txn, add) > start for add in [*taken, *([host] if host is not None else [])]):
             return None
         unfolded = self._unfold(work, component, start, [merge], [host] if host is not None else [], order)
-        return None if unfolded is None else (unfolded[0], [start, *unfolded[1]])  # the merge is folded again too
+        return None if unfolded is None else [start, *unfolded[1]]  # the merge is folded again too
 
     def _rename(
         self, work: _Work, component: bytes, cid: bytes, op: Operation, old: bytes, taken: dict[bytes, bytes | None]
