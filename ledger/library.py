@@ -914,13 +914,20 @@ class Library:
         concurrency may apply and take the live experiences it names outside: each joins the set where that merge
         sorts if nothing but votes and absorbed adds acted on it since, and the adds absorbed since are folded again
         (`_release_adds_after`); None (nothing changed) if something else acted on one, which would need that
-        folded again, or if a late add of the batch not folded yet (it sorts after `now`, the operation being
-        folded) took adds over in the component: their F names it already (the property tests found it). A new
-        operation not folded yet is folded after this, where it sorts (`_fold_in_place`).
+        folded again, or if an add to fold again was taken over by a late add of the batch not folded yet (it
+        sorts after `now`, the operation being folded): its F names that add already, whose fold reads the add
+        where it was (the property tests found it). A new operation not folded yet is folded after this, where it
+        sorts (`_fold_in_place`).
         """
         records, txn = work.records, work.records.txn
-        if any(self._order(txn, add) > now and txn.get(component_key(add)) == component for add in work.takes_over):
-            return None  # a late add of the batch not folded yet took adds over: their F is that add already
+        # the adds a late add of the batch not folded yet took over: their F names it already, and their F before
+        # is what they stand for until it is folded
+        pending = {
+            add: before
+            for later, pairs in work.takes_over.items()
+            if self._order(txn, later) > now
+            for add, before in pairs
+        }
         taken: set[bytes] = set()
         chains = []
         for bottom in bottoms:
@@ -958,10 +965,12 @@ class Library:
             if later == start or status is None:
                 continue
             meta = self.meta(txn, cid)
-            named = meta.targets if meta.kind is not Kind.ADD else [f for f in [txn.get(absorbs_key(cid))] if f]
+            named = meta.targets if meta.kind is not Kind.ADD else [f for f in [self._f_before(txn, cid, pending)] if f]
             inside = [target in taken or joined.get(target, _LAST_ORDER) < later for target in named]
             if not any(inside):
                 continue
+            if cid in pending:  # folded again, it would be listed where that late add's fold does not look for it
+                return None
             # a merge void by a concurrent modify or delete stays void (§7.4 reads the whole set for that), as does
             # one naming, outside the set, no experience or one deleted before it; another void one may apply: it
             # would take what it names outside, whose records hold what acted on them since. One that may apply
@@ -1003,6 +1012,11 @@ class Library:
             assert out is not None
             self._release_adds_after(records, out, order)
         return tree, replay
+
+    @staticmethod
+    def _f_before(txn: Transaction, add: bytes, pending: dict[bytes, bytes | None]) -> bytes | None:
+        """An add's F, or, if a late add not folded yet took it over, its F before that (None: none)."""
+        return pending[add] if add in pending else txn.get(absorbs_key(add))
 
     def _rewind(self, records: _Records, component: bytes, exp_id: bytes, start: bytes) -> None:
         """Make a root's record what it was where `start` sorts: without the adds absorbed into it, the deletes of

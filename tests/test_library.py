@@ -974,6 +974,27 @@ def test_a_merge_a_take_back_lets_apply_folds_the_component_again_if_a_modify_ac
     node.close()
 
 
+def test_a_take_back_in_a_batch_with_a_later_copy_taking_other_adds_over_is_done_in_place(tmp_path):
+    """The late delete voids the merge, which the modify acted on: it is taken back while the late copy after it in
+    the batch, which takes z over, is not folded yet; z is not among what is folded again (a merge void by the
+    modify of z names it and b), so the take-back need not wait for the copy."""
+    a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
+    modify = op(Kind.MODIFY, key=6, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
+    z = _add_of(f.SEED_TEXTS[3], 6, 7)
+    rival = op(Kind.MODIFY, key=8, clock=7, parents=[z.cid], target=z.cid, content=f.content(TEXT_C))
+    void = _merge((b, z), clock=7, parents=[b.cid, z.cid], key=9)  # concurrent with the rival: joins z's component
+    late = [op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong"), _add_of(f.SEED_TEXTS[3], 4, 10)]
+    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify, z, rival, void], late)
+    assert refolded == 0
+    view = node.view()
+    assert (
+        view.status(merge.cid).code == "merge.target_deleted"
+        and view.status(void.cid).code == "merge.concurrent_modify"
+    )
+    assert view.resolve(z.cid) == late[1].cid and view.experience(late[1].cid).heads == [rival.cid]
+    node.close()
+
+
 def test_a_late_delete_of_a_merged_source_whose_merge_was_modified_folds_the_modify_again_without_a_refold(tmp_path):
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     modify = op(Kind.MODIFY, key=6, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
