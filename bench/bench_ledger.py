@@ -258,8 +258,9 @@ def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int] | Non
     return (statistics.median(times), int(statistics.median(refolded))) if times else None
 
 
-def _probe_key(base: int, round_: int, probe: int) -> AuthorKey:
-    return AuthorKey(bytes([base + round_, probe]) * 16)
+def _probe_key(base: int, offset: int, probe: int) -> AuthorKey:
+    """A key of the probe with serial `probe`: each probe's operations come from new authors."""
+    return AuthorKey(bytes([base + offset, probe]) * 16)
 
 
 def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
@@ -290,16 +291,16 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
-            key = AuthorKey(bytes([120 + round_, probe]) * 16)
+            key = _probe_key(120, round_, probe)
             merges.append(_timed(ledger, _merge(ledger, roots[2 * round_], roots[2 * round_ + 1], key)))
         if len(untaken) >= 2 * round_ + 2:
-            key = AuthorKey(bytes([170 + round_, probe]) * 16)
+            key = _probe_key(170, round_, probe)
             before = ledger.refolded
             pair = untaken[2 * round_], untaken[2 * round_ + 1]
             late_merges.append(_timed(ledger, _merge(ledger, *pair, key, late=True)))
             late_refolded.append(ledger.refolded - before)
         original = view.content(adds[round_ % len(adds)])
-        key = AuthorKey(bytes([110 + round_, probe]) * 16)
+        key = _probe_key(110, round_, probe)
         copy = _copy_at_clock_1(original, key, first, before=True)
         before = ledger.refolded
         takeovers.append(_timed(ledger, copy.data))
@@ -309,26 +310,26 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         listed = record.absorbed if record is not None else []
         taken.append(sum(1 for add in listed if (status := after.status(add)) and status.into == copy.cid))
         first = (1, copy.cid.raw)
-        key = AuthorKey(bytes([115 + round_, probe]) * 16)
+        key = _probe_key(115, round_, probe)
         absorbed.append(_timed(ledger, _copy_at_clock_1(original, key, first, before=False).data))
         for number, kind in enumerate(IN_PLACE):
             if len(free) > 3 * round_ + number:
-                key = AuthorKey(bytes([130 + 3 * round_ + number, probe]) * 16)
+                key = _probe_key(130, 3 * round_ + number, probe)
                 target = free[3 * round_ + number]
                 in_place[kind].append(_timed(ledger, _late_on(ledger, kind, target, key)))
         if len(free) > 10 + 2 * round_:
-            keys = [AuthorKey(bytes([150 + 2 * round_ + number, probe]) * 16) for number in range(2)]
+            keys = [_probe_key(150, 2 * round_ + number, probe) for number in range(2)]
             pair = [_late_on(ledger, kind, free[9 + 2 * round_ + number], keys[number]) for number, kind in
                     enumerate(("modify", "delete"))]  # fmt: skip
             pairs.append(_timed(ledger, *pair))
         if len(rewording) > round_:
-            key = AuthorKey(bytes([190 + round_, probe]) * 16)
+            key = _probe_key(190, round_, probe)
             before = ledger.refolded
             reworded.append(_timed(ledger, _late_on(ledger, "delete", rewording[round_], key)))
             reworded_refolded.append(ledger.refolded - before)
         if len(named) > round_:
             for attempt, times in enumerate((voided, again)):
-                key = AuthorKey(bytes([140 + 2 * round_ + attempt, probe]) * 16)
+                key = _probe_key(140, 2 * round_ + attempt, probe)
                 times.append(_timed(ledger, _late_on(ledger, "delete", sorted(named)[round_], key)))
     return _ComponentProbe(
         size,
@@ -445,7 +446,7 @@ def _splits_and_joins(
     def signed(number: int, kind: Kind, clock: int, text: str | None, target: CID | None = None) -> Block:
         content, reason = (contents[text], None) if text is not None else (None, "probe")  # None: a delete
         late = Operation(kind, "", clock, (), 1_700_000_000, content=content, target=target, reason=reason)
-        return sign(late, AuthorKey(bytes([160 + number, probe]) * 16))
+        return sign(late, _probe_key(160, number, probe))
 
     splits, joins, refolded = [], [], 0
     for round_, (x, y) in enumerate(REGROUPING_TEXTS):

@@ -853,7 +853,7 @@ class Library:
         One that nothing but votes has acted on since it was folded changed only its own record and its sources'
         (each became its alias), so voiding it gives back the records of the fold without it: its record goes,
         and each source stands for itself (`_undo`). One that something else acted on is taken back with what
-        acted on it, which is folded again (`_unfold_above`, `_fold_again`). Where the returned experiences'
+        acted on it, which is folded again (`_unfold`, `_fold_again`). Where the returned experiences'
         votes count is counted again by the caller: only theirs, not the whole component's (in a 200k
         workload's largest component, 1,363 experiences, counting them all was 13-25 ms of a 16-27 ms undo).
         One peer could otherwise make the node fold a large component again for two signatures: a merge of two
@@ -879,20 +879,13 @@ class Library:
         self, work: _Work, component: bytes, merge: bytes, now: bytes
     ) -> tuple[list[bytes], list[bytes]] | None:
         """Undo an applied merge: by itself if nothing but votes acted on it (`_undo`), else with what acted on it
-        (`_unfold_above`; `now`: the order of the operation being folded); returns the experiences that resolved to
-        what it went into and the operations to fold again (`_fold_again`), or None if that cannot be done without
-        folding the component again."""
+        (`_unfold` from where it sorts; `now`: the order of the operation being folded; the caller writes the merge's
+        own verdict); returns the experiences that resolved to what it went into and the operations to fold again
+        (`_fold_again`), or None if that cannot be done without folding the component again."""
         if self._acted_on_by_none(work.records, merge):
             tree = _tree(work.records, merge)
             self._undo(work.records, merge)
             return tree, []
-        return self._unfold_above(work, component, merge, now)
-
-    def _unfold_above(
-        self, work: _Work, component: bytes, merge: bytes, now: bytes
-    ) -> tuple[list[bytes], list[bytes]] | None:
-        """Take back an applied merge and what acted on it since, to fold that again without it (`_unfold`; the
-        caller writes the merge's own verdict)."""
         return self._unfold(work, component, self._order(work.records.txn, merge), [merge], [], now)
 
     def _unfold(
@@ -1050,7 +1043,7 @@ class Library:
             records.put(out)
 
     def _fold_again(self, work: _Work, replay: list[bytes]) -> None:
-        """Fold operations taken back by `_unfold_above` again, in canonical order."""
+        """Fold operations taken back by `_unfold` again, in canonical order."""
         records, txn = work.records, work.records.txn
         for order in replay:
             cid = order_cid(order)
@@ -1147,7 +1140,7 @@ class Library:
 
     def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> bool:
         """Fold a late delete of E (`record`), which a merge after it took, where it sorts; False if what acted on
-        the merge cannot be folded again alone (`_unfold_above`: then the component is folded again).
+        the merge cannot be folded again alone (`_unfold`: then the component is folded again).
 
         The merge is void now (`merge.target_deleted`): it is undone as a concurrent delete undoes one
         (`_undo_merges`), the delete deletes E where it sorts, and what acted on the merge since is folded again.

@@ -844,7 +844,7 @@ def test_an_undo_leaves_the_verdict_of_a_merge_naming_it_and_an_operation_void_b
 
 @pytest.mark.parametrize("after", ["absorbed add", "modify", "delete", "merge"])
 def test_a_modify_that_voids_a_merge_something_acted_on_undoes_both_without_a_refold(tmp_path, after):
-    """What acted on the merge is folded again without it (`Library._unfold_above`): the 1M workload's largest
+    """What acted on the merge is folded again without it (`Library._unfold`): the 1M workload's largest
     component was folded again for it (9,565 operations, 1.3-1.6 s)."""
     a, b, vote, merge = _two_adds_a_vote_and_their_merge()
     rival = op(Kind.MODIFY, key=5, clock=6, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
