@@ -431,7 +431,7 @@ class _Following:
     def __iter__(self) -> Iterator[tuple[bytes, bytes]]:
         """(order, kind byte) of the operations to read, `start` left out."""
         if not self._by_name:
-            for key, kind in self._txn.scan(
+            for key, kind in self._txn.items(
                 component_op_prefix(self._component), component_op_key(self._component, self._start)
             ):
                 if (order := parse_component_op_key(key)) != self._start:
@@ -1819,7 +1819,9 @@ class Library:
                     if kind in kinds and txn.get(status_key(order_cid(order))) == applied:
                         found.append((order, order_cid(order)))
             return sorted(found)
-        for key, kind in txn.scan(component_op_prefix(component)):
+        for key, kind in txn.items(component_op_prefix(component)):
+            if kind and kind not in kinds:  # most are not of `kinds`: nothing more is read for them
+                continue
             order = parse_component_op_key(key)
             cid = order_cid(order)
             if (kind or _KIND_BYTE[self.meta(txn, cid).kind]) in kinds and txn.get(status_key(cid)) == applied:

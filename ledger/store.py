@@ -608,6 +608,13 @@ class Store:
         except plyvel.Error as exc:
             raise self._read_error(exc) from None
 
+    def items(self, prefix: bytes, start: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The pairs `scan` yields, as one list (see `keys`)."""
+        try:
+            return list(self._db.iterator(start=start or prefix, stop=prefix_end(prefix), verify_checksums=True))
+        except plyvel.Error as exc:
+            raise self._read_error(exc) from None
+
     def keys(self, prefix: bytes, start: bytes | None = None, stop: bytes | None = None) -> list[bytes]:
         """The keys `scan` yields (up to `stop`, if given), as one list: a long range costs LevelDB's iteration,
         not a Python step per key."""
@@ -776,6 +783,22 @@ class Transaction:
         for key in mine[index:]:
             if (written := self._writes[key]) is not None:
                 yield key, written
+
+    def items(self, prefix: bytes, start: bytes | None = None) -> list[tuple[bytes, bytes]]:
+        """The pairs `scan` yields, as one list (see `Store.keys`): a component's ~10,000 operations at 1M took
+        6-10 ms through `scan`, 4.5 ms as one list. This transaction's writes are put in place one by one (few)."""
+        merged = self._store.items(prefix, start)
+        for key in self._written_in(prefix, start):
+            index = bisect.bisect_left(merged, (key,))  # (key,) sorts just before (key, value)
+            present = index < len(merged) and merged[index][0] == key
+            if (written := self._writes[key]) is None:
+                if present:
+                    del merged[index]
+            elif present:
+                merged[index] = (key, written)
+            else:
+                merged.insert(index, (key, written))
+        return merged
 
     def keys(self, prefix: bytes, start: bytes | None = None, stop: bytes | None = None) -> list[bytes]:
         """The keys `scan` yields (up to `stop`, if given), as one list (see `Store.keys`)."""

@@ -493,7 +493,8 @@ _SUFFIXES = st.tuples(st.sampled_from(_BANDS), st.binary(min_size=0, max_size=3)
 )
 def test_a_transactions_keys_are_the_keys_of_its_scan(tmp_path_factory, stored, written, prefix, start):
     """`scan` yields the stored keys of one bucket, this transaction's puts, less its deletes, in order (a
-    transaction keeps each bucket's writes sorted apart); `keys` lists the same in one step."""
+    transaction keeps each bucket's writes sorted apart); `keys` lists the same in one step, `items` with the
+    values (a write replaces the stored value)."""
     store = Store(tmp_path_factory.mktemp("db") / "db", create=True)
     store.write({BUCKET + suffix: b"v" for suffix in stored})
     txn = store.transaction()
@@ -504,6 +505,8 @@ def test_a_transactions_keys_are_the_keys_of_its_scan(tmp_path_factory, stored, 
     expected = sorted(BUCKET + s for s in present if s.startswith(prefix) and (low is None or BUCKET + s >= low))
     assert [key for key, _ in txn.scan(BUCKET + prefix, low)] == expected
     assert txn.keys(BUCKET + prefix, low) == expected
+    values = {BUCKET + s: b"w" if s in written else b"v" for s in present}
+    assert txn.items(BUCKET + prefix, low) == list(txn.scan(BUCKET + prefix, low)) == [(k, values[k]) for k in expected]
     with pytest.raises(ValueError, match="groups"):
         txn.keys(BUCKET + prefix[: BAND_KEY_SIZE - 1])
     assert store.keys(BUCKET + prefix, low) == [key for key, _ in store.scan(BUCKET + prefix, low)]
