@@ -870,6 +870,11 @@ class Library:
             if (again or exp_id not in work.repointed)
             and _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
+        if not again and (undone is not None or component in work.undone):
+            # a take-back dropped records and folded them again, without their counts: those that stand for what
+            # they did count as they did (where members moved, the counts below change them; the property tests
+            # found a merge a take-back let apply void again, its chain's records folded again the same)
+            self._keep_counts(records, [exp_id for exp_id in touched if exp_id not in changed])
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
         elif changed:  # after an undo only the undone merges' trees resolve elsewhere (and to where they did)
@@ -954,10 +959,10 @@ class Library:
         `start` are taken out of its record (`_rewind`) and folded again with what named its experiences since.
         Folding those operations again in canonical order gives the records of the definition. A merge folded
         again that may apply joins the set, so what named it is folded again too. One void for a reason other than
-        concurrency may apply and take the live experiences it names outside: each joins the set where that merge
-        sorts if nothing but votes and absorbed adds acted on it since, and the adds absorbed since are folded again
-        (`_release_adds_after`); None (nothing changed) if something else acted on one, which would need that
-        folded again, or if an add to fold again was taken over by a late add of the batch not folded yet (it
+        concurrency may apply and take the experiences it names outside, which no delete before it deleted: each
+        joins the set where that merge sorts and is rewound to there (`_rewind`: what acted on it since is folded
+        again after the merge), and a merge that took one since is taken back with its chain (`_chain_above`).
+        None (nothing changed) if an add to fold again was taken over by a late add of the batch not folded yet (it
         sorts after `now`, the operation being folded): its F names that add already, whose fold reads the add
         where it was (the property tests found it). A new operation not folded yet is folded after this, where it
         sorts (`_fold_in_place`).
@@ -1034,11 +1039,11 @@ class Library:
                 if status == applied(cid).pack() or not outside:
                     taken.add(cid)
                 elif not any(out is None or self._first_delete(txn, out) < later for out in outside):
-                    if not all(self._joins_unchanged(records, component, out, later) for out in outside):
-                        return None
                     for out in outside:
                         members = _tree(records, out.id.raw)
                         joined.update(dict.fromkeys(members, later))
+                        if out.alias_of is not None:  # a merge after this one took it: taken back with its chain
+                            members += self._chain_above(records, out.alias_of.raw, taken, chains, joined)
                         tree.extend(member for member in members if member not in in_tree)
                         in_tree.update(members)
                         released.append((out.id.raw, later))
@@ -1061,10 +1066,37 @@ class Library:
         for root in rewound:
             self._rewind(records, component, root, start)
         for exp_id, order in released:
-            out = records.record(exp_id)
-            assert out is not None
-            self._release_adds_after(records, out, order)
+            self._rewind(records, component, exp_id, order)
         return tree, replay
+
+    def _chain_above(
+        self, records: _Records, bottom: bytes, taken: set[bytes], chains: list[bytes], joined: dict[bytes, bytes]
+    ) -> list[bytes]:
+        """Add to a take-back (`_unfold`) the applied merge `bottom`, which took an experience a merge folded again
+        may take, with its chain up to a merge taken back already or the end: each merge joins `taken` and
+        `chains`, and its other sources' trees join where it sorts, unless they joined earlier. Returns the
+        experiences that resolve to the chain's end (none if it met a chain: the take-back's tree holds them)."""
+        txn = records.txn
+        links: list[bytes] = []
+        link: bytes | None = bottom
+        while link is not None and link not in taken:
+            record = records.record(link)
+            assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
+            links.append(link)
+            link = record.alias_of.raw if record.alias_of is not None else None
+        members = _tree(records, links[-1]) if link is None else []  # the chain's last merge is its end
+        taken.update(links)
+        chains.extend(links)
+        for link in links:
+            record = records.record(link)
+            assert record is not None
+            at = self._order(txn, link)
+            joined.setdefault(link, at)
+            for source_id in record.absorbed:
+                if source_id.raw not in taken:
+                    for member in _tree(records, source_id.raw):
+                        joined[member] = min(joined.get(member, at), at)
+        return members
 
     @staticmethod
     def _f_before(txn: Transaction, add: bytes, pending: dict[bytes, bytes | None]) -> bytes | None:
@@ -1086,11 +1118,6 @@ class Library:
         record.status = Life.DELETED if record.deleted_by else Life.LIVE
         records.put(record)
         self._release_adds_after(records, record, start)
-
-    def _joins_unchanged(self, records: _Records, component: bytes, out: ExperienceRecord, order: bytes) -> bool:
-        """Whether an experience a merge folded again at `order` may take is as it was there but for the votes and
-        the adds absorbed into it since: a live root that no modify, delete or merge acted on after `order`."""
-        return out.status is Life.LIVE and not self._acted_on_after(records, component, [out.id.raw], order)
 
     def _release_adds_after(self, records: _Records, out: ExperienceRecord, order: bytes) -> None:
         """Take the adds absorbed into a root after `order` out of its record, to be folded again: a merge there

@@ -961,16 +961,54 @@ def test_a_merge_a_take_back_lets_apply_takes_an_experience_outside_with_the_add
     node.close()
 
 
-def test_a_merge_a_take_back_lets_apply_folds_the_component_again_if_a_modify_acted_on_what_it_takes(tmp_path):
-    """The modify of d after the merge (it descends from it) acted on d; with the merge applied it acts on that."""
+def test_a_merge_a_take_back_lets_apply_takes_what_a_modify_acted_on_since_and_folds_the_modify_again(tmp_path):
+    """The modify of d after the merge (it descends from it) acted on d; with the merge applied it acts on that: d
+    is rewound to where the merge sorts and the modify folded again after it. It folded the component again."""
     history = _a_deleted_merge_and_a_merge_naming_it_and_an_outside_experience()
     d, void = history[4], history[6]
     modify = op(Kind.MODIFY, key=10, clock=9, parents=[void.cid], target=d.cid, content=f.content(TEXT_C))
     late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
     node, refolded = _late_then_all_at_once(tmp_path, [*history, modify], late)
-    assert refolded > 0
+    assert refolded == 0
     view = node.view()
     assert view.status(void.cid).outcome == "applied" and view.experience(void.cid).heads == [modify.cid]
+    assert view.experience(d.cid).heads == [] and view.status(modify.cid).experience == void.cid
+    node.close()
+
+
+def test_a_merge_a_take_back_lets_apply_takes_what_a_delete_acted_on_since_which_deletes_the_merge(tmp_path):
+    history = _a_deleted_merge_and_a_merge_naming_it_and_an_outside_experience()
+    d, void = history[4], history[6]
+    delete = op(Kind.DELETE, key=10, clock=9, parents=[void.cid], target=d.cid, reason="stale")
+    late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
+    node, refolded = _late_then_all_at_once(tmp_path, [*history, delete], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(void.cid).outcome == "applied" and view.experience(void.cid).status == "deleted"
+    assert view.experience(d.cid).status == "alias" and view.experience(d.cid).deleted_by == []
+    node.close()
+
+
+def test_a_merge_a_take_back_lets_apply_takes_what_a_merge_took_since_with_that_merge_taken_back(tmp_path):
+    """A merge of d and e after the void one took d: that merge is taken back with its chain, and folded again
+    after the one that now applies, whose experience it takes with e (a modify and a vote on it, a copy of e
+    absorbed into it). It folded the component again."""
+    history = _a_deleted_merge_and_a_merge_naming_it_and_an_outside_experience()
+    b, d, void, copy_of_d = history[2], history[4], history[6], history[8]
+    e = f.add(TEXT_C, f.author(11))
+    later = _merge((d, e), clock=9, parents=[void.cid, e.cid], key=12)
+    modify = op(Kind.MODIFY, key=13, clock=10, parents=[later.cid], target=e.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=14, clock=10, parents=[later.cid], target=d.cid, vote=1)
+    copy_of_e = op(Kind.ADD, key=15, clock=10, content=f.content(TEXT_C))
+    late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
+    node, refolded = _late_then_all_at_once(tmp_path, [*history, e, later, modify, vote, copy_of_e], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(void.cid).outcome == "applied" and view.resolve(b.cid) == later.cid
+    record = view.experience(later.cid)
+    assert record.absorbed == sorted([void.cid, e.cid, copy_of_e.cid]) and record.heads == [modify.cid]
+    assert view.experience(void.cid).absorbed == sorted([b.cid, d.cid, copy_of_d.cid])
+    assert record.support == 5 and (record.up, record.down) == (2, 0)
     node.close()
 
 
