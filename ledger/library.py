@@ -1130,12 +1130,35 @@ class Library:
             records.put(out)
 
     def _fold_again(self, work: _Work, replay: list[bytes]) -> None:
-        """Fold operations taken back by `_unfold` again, in canonical order."""
+        """Fold operations taken back by `_unfold` again, in canonical order.
+
+        Most are adds absorbed into an F whose record is already the alias `_add` would write: only what F
+        resolves to now lists them (`_absorb_again`), and the operation is not read. Reading and decoding each
+        one (its content, embedding and signature) was a quarter of a take-back that folded 8,612 operations
+        again at 1M, writing each alias record a tenth."""
         records, txn = work.records, work.records.txn
         for order in replay:
             cid = order_cid(order)
-            op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
-            txn.put(status_key(cid), self._rule(records, cid, op).pack())
+            op = work.fold.operations.get(cid)
+            status = self._absorb_again(records, cid) if op is None else None
+            if status is None:
+                status = self._rule(records, cid, op or load_stored(txn.block(cid)))
+            txn.put(status_key(cid), status.pack())
+
+    def _absorb_again(self, records: _Records, cid: bytes) -> OpStatus | None:
+        """`_add`'s verdict for an add absorbed into its F whose record is that alias already (as `_alias` writes it:
+        no heads, absorbed adds, deletes or counts, its own version); None if it is another operation or record."""
+        txn = records.txn
+        into = txn.get(absorbs_key(cid)) if self.meta(txn, cid).kind is Kind.ADD else None
+        if into is None or not _written_by_alias(records.record(cid), cid, into):
+            return None
+        root = records.resolved(into)
+        stands = records.record(root) if root is not None else None
+        assert stands is not None, "an earlier add in the component has been folded"
+        stands.support += 1
+        _insert_cid(stands.absorbed, cid)
+        records.put(stands)
+        return OpStatus(Outcome.ABSORBED, into=CID(into))
 
     def _undo(self, records: _Records, merge: bytes) -> None:
         """Undo an applied merge that nothing but votes acted on: its record goes, its sources stand for themselves,
@@ -2181,6 +2204,17 @@ def _alias(cid: bytes, op: Operation, into: bytes) -> ExperienceRecord:
     record = _new_record(cid, op, support=1)
     record.status, record.alias_of = Life.ALIAS, CID(into)
     return record
+
+
+def _written_by_alias(record: ExperienceRecord | None, cid: bytes, into: bytes) -> bool:
+    """Whether an add's record is what `_alias(cid, op, into)` writes (its author, clock and domain are the add's)."""
+    return (
+        record is not None
+        and record.status is Life.ALIAS
+        and record.alias_of == CID(into)
+        and (record.version.raw, record.support, record.up, record.down) == (cid, 1, 0, 0)
+        and not (record.heads or record.absorbed or record.deleted_by)
+    )
 
 
 def _new_record(cid: bytes, op: Operation, support: int) -> ExperienceRecord:
