@@ -111,16 +111,23 @@ def _naming(rng: random.Random, kind: Kind, target, text: str, other=None) -> di
     return {"targets": tuple(sorted((target.cid, other.cid))), "content": f.content(text), "reason": "same"}
 
 
+@pytest.mark.parametrize("by_name", [False, True], ids=["as_sized", "by_name"])
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), horizon=HORIZONS, absorption=ABSORPTION_HORIZONS)
 # a take-back let a void merge take an experience a merge took since, which it took back with its chain and folded
 # again the same (the void merge stayed void): those records lost their vote counts
 @example(seed=4446, horizon=1, absorption=1)
-def test_low_clock_operations_after_a_large_history_converge(tmp_path_factory, seed, horizon, absorption):
+def test_low_clock_operations_after_a_large_history_converge(
+    tmp_path_factory, monkeypatch, by_name, seed, horizon, absorption
+):
     """A node that folded a long history, then receives operations that sort before almost all of it, one by
     one, holds what a node that received everything at once, in another order, holds. With a small causal
     horizon a late modify is an ancestor of the history's later operations: of a merge of its target, so it
-    does not void it, and of later modifies, so it is not a head."""
+    does not void it, and of later modifies, so it is not a head. `by_name`: a take-back reads the operations
+    naming what it takes back (`_Following`), and those acting on an experience are read from those naming its
+    adds, whatever the component's size."""
+    if by_name:
+        monkeypatch.setattr(library, "_READ_BY_NAME", 0)
     rng = random.Random(seed)
     history = random_history(rng, 240)
     late = _late_operations(rng, history, 25)
