@@ -961,7 +961,7 @@ class Library:
         again that may apply joins the set, so what named it is folded again too. One void for a reason other than
         concurrency may apply and take the experiences it names outside, which no delete before it deleted: each
         joins the set where that merge sorts and is rewound to there (`_rewind`: what acted on it since is folded
-        again after the merge), and a merge that took one since is taken back with its chain (`_chain_above`).
+        again after the merge), and a merge that took one since is taken back with its chain (`_take_chain`).
         None (nothing changed) if an add to fold again was taken over by a late add of the batch not folded yet (it
         sorts after `now`, the operation being folded): its F names that add already, whose fold reads the add
         where it was (the property tests found it). A new operation not folded yet is folded after this, where it
@@ -977,31 +977,17 @@ class Library:
             for add, before in pairs
         }
         taken: set[bytes] = set()
-        chains = []
-        for bottom in bottoms:
-            link: bytes | None = bottom
-            while link is not None and link not in taken:
-                record = records.record(link)
-                assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
-                chains.append(link)
-                taken.add(link)
-                link = record.alias_of.raw if record.alias_of is not None else None
-        tree: list[bytes] = []
-        for root in sorted({records.resolved(exp_id) for exp_id in [*bottoms, *rewound]} - {None}):
-            tree.extend(_tree(records, root))  # type: ignore[arg-type]
-        in_tree = set(tree)
+        chains: list[bytes] = []
         # where each experience resolving to a chain's end joined the chain (an operation after that which names
         # it acted on the chain): the first merge's tree where it sorts, each other source's where its merge sorts;
         # a rewound root's tree where `start` sorts
         joined: dict[bytes, bytes] = {}
-        for link in chains:
-            record = records.record(link)
-            assert record is not None
-            at = self._order(txn, link)
-            joined[link] = at
-            for source_id in record.absorbed:
-                if source_id.raw not in taken:
-                    joined.update(dict.fromkeys(_tree(records, source_id.raw), at))
+        for bottom in bottoms:
+            self._take_chain(records, bottom, taken, chains, joined)
+        tree: list[bytes] = []
+        for root in sorted({records.resolved(exp_id) for exp_id in [*bottoms, *rewound]} - {None}):
+            tree.extend(_tree(records, root))  # type: ignore[arg-type]
+        in_tree = set(tree)
         for root in rewound:
             joined.update(dict.fromkeys(_tree(records, root), start))
         replay, released = [], []
@@ -1043,7 +1029,11 @@ class Library:
                         members = _tree(records, out.id.raw)
                         joined.update(dict.fromkeys(members, later))
                         if out.alias_of is not None:  # a merge after this one took it: taken back with its chain
-                            members += self._chain_above(records, out.alias_of.raw, taken, chains, joined)
+                            self._take_chain(records, out.alias_of.raw, taken, chains, joined)
+                            end = records.resolved(out.id.raw)
+                            assert end is not None
+                            if end not in in_tree:  # a chain of its own: its end's tree is counted again too
+                                members = _tree(records, end)
                         tree.extend(member for member in members if member not in in_tree)
                         in_tree.update(members)
                         released.append((out.id.raw, later))
@@ -1069,34 +1059,30 @@ class Library:
             self._rewind(records, component, exp_id, order)
         return tree, replay
 
-    def _chain_above(
+    def _take_chain(
         self, records: _Records, bottom: bytes, taken: set[bytes], chains: list[bytes], joined: dict[bytes, bytes]
-    ) -> list[bytes]:
-        """Add to a take-back (`_unfold`) the applied merge `bottom`, which took an experience a merge folded again
-        may take, with its chain up to a merge taken back already or the end: each merge joins `taken` and
-        `chains`, and its other sources' trees join where it sorts, unless they joined earlier. Returns the
-        experiences that resolve to the chain's end (none if it met a chain: the take-back's tree holds them)."""
+    ) -> None:
+        """Add to a take-back (`_unfold`) the applied merge `bottom` with its chain, up to its end or a merge taken
+        back already: each merge joins `taken` and `chains`, and its other sources' trees (and the adds absorbed
+        into it, which it lists with them) join where it sorts, unless they joined earlier (a chain taken later may
+        reach down to where one taken first took its end)."""
         txn = records.txn
-        links: list[bytes] = []
+        links: list[tuple[bytes, ExperienceRecord]] = []
         link: bytes | None = bottom
         while link is not None and link not in taken:
             record = records.record(link)
             assert record is not None and self.meta(txn, link).kind is Kind.MERGE, "only merges take experiences"
-            links.append(link)
+            links.append((link, record))
             link = record.alias_of.raw if record.alias_of is not None else None
-        members = _tree(records, links[-1]) if link is None else []  # the chain's last merge is its end
-        taken.update(links)
-        chains.extend(links)
-        for link in links:
-            record = records.record(link)
-            assert record is not None
+        taken.update(link for link, _ in links)
+        chains.extend(link for link, _ in links)
+        for link, record in links:
             at = self._order(txn, link)
-            joined.setdefault(link, at)
+            joined[link] = min(joined.get(link, at), at)
             for source_id in record.absorbed:
                 if source_id.raw not in taken:
                     for member in _tree(records, source_id.raw):
                         joined[member] = min(joined.get(member, at), at)
-        return members
 
     @staticmethod
     def _f_before(txn: Transaction, add: bytes, pending: dict[bytes, bytes | None]) -> bytes | None:
