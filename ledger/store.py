@@ -78,6 +78,8 @@ _SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD,
 #: a batch writes ~8,000 bucket keys at 1M, and inserting each into one sorted list took ~11 us per operation,
 #: but a transaction scans one bucket at a time
 _GROUP_LENGTH = {BUCKET[0]: 1 + BAND_KEY_SIZE}
+#: up to this many of a transaction's writes in a range, `Transaction.items` puts each into the stored pairs
+_FEW_WRITES = 64
 
 FORMAT_KEY = META + b"format"
 LOG_SIZE = META + b"log_size"
@@ -786,9 +788,13 @@ class Transaction:
 
     def items(self, prefix: bytes, start: bytes | None = None) -> list[tuple[bytes, bytes]]:
         """The pairs `scan` yields, as one list (see `Store.keys`): a component's ~10,000 operations at 1M took
-        6-10 ms through `scan`, 4.5 ms as one list. This transaction's writes are put in place one by one (few)."""
+        6-10 ms through `scan`, 4.5 ms as one list. This transaction's writes are put in place one by one when
+        they are few (each insertion moves the list's tail), else merged by `scan` (a rebuild writes everything)."""
+        mine = self._written_in(prefix, start)
+        if len(mine) > _FEW_WRITES:
+            return list(self.scan(prefix, start))
         merged = self._store.items(prefix, start)
-        for key in self._written_in(prefix, start):
+        for key in mine:
             index = bisect.bisect_left(merged, (key,))  # (key,) sorts just before (key, value)
             present = index < len(merged) and merged[index][0] == key
             if (written := self._writes[key]) is None:

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ledger import store as store_module
 from ledger.blockfile import BLOCKS_DIR, LOCATOR
 from ledger.cid import CID
 from ledger.errors import LedgerError
@@ -494,7 +495,7 @@ _SUFFIXES = st.tuples(st.sampled_from(_BANDS), st.binary(min_size=0, max_size=3)
 def test_a_transactions_keys_are_the_keys_of_its_scan(tmp_path_factory, stored, written, prefix, start):
     """`scan` yields the stored keys of one bucket, this transaction's puts, less its deletes, in order (a
     transaction keeps each bucket's writes sorted apart); `keys` lists the same in one step, `items` with the
-    values (a write replaces the stored value)."""
+    values (a write replaces the stored value), putting few writes in place or merging many."""
     store = Store(tmp_path_factory.mktemp("db") / "db", create=True)
     store.write({BUCKET + suffix: b"v" for suffix in stored})
     txn = store.transaction()
@@ -507,6 +508,9 @@ def test_a_transactions_keys_are_the_keys_of_its_scan(tmp_path_factory, stored, 
     assert txn.keys(BUCKET + prefix, low) == expected
     values = {BUCKET + s: b"w" if s in written else b"v" for s in present}
     assert txn.items(BUCKET + prefix, low) == list(txn.scan(BUCKET + prefix, low)) == [(k, values[k]) for k in expected]
+    with pytest.MonkeyPatch.context() as patch:  # many writes: merged by `scan`
+        patch.setattr(store_module, "_FEW_WRITES", 0)
+        assert txn.items(BUCKET + prefix, low) == [(k, values[k]) for k in expected]
     with pytest.raises(ValueError, match="groups"):
         txn.keys(BUCKET + prefix[: BAND_KEY_SIZE - 1])
     assert store.keys(BUCKET + prefix, low) == [key for key, _ in store.scan(BUCKET + prefix, low)]
