@@ -970,12 +970,7 @@ class Library:
         records, txn = work.records, work.records.txn
         # the adds a late add of the batch not folded yet took over: their F names it already, and their F before
         # is what they stand for until it is folded
-        pending = {
-            add: before
-            for later, pairs in work.takes_over.items()
-            if self._order(txn, later) > now
-            for add, before in pairs
-        }
+        pending = self._taken_over_after(work, now)
         taken: set[bytes] = set()
         chains: list[bytes] = []
         # where each experience resolving to a chain's end joined the chain (an operation after that which names
@@ -1001,7 +996,7 @@ class Library:
             cid = order_cid(later)
             kind = kind or _KIND_BYTE[self.meta(txn, cid).kind]  # a list written before it held kinds
             if kind == add_byte:
-                named = [f for f in [self._f_before(txn, cid, pending)] if f]
+                named = [f for f in [_f_before(txn, cid, pending)] if f]
             else:
                 named = self.meta(txn, cid).targets
             inside = [target in taken or joined.get(target, _LAST_ORDER) < later for target in named]
@@ -1084,10 +1079,16 @@ class Library:
                     for member in _tree(records, source_id.raw):
                         joined[member] = min(joined.get(member, at), at)
 
-    @staticmethod
-    def _f_before(txn: Transaction, add: bytes, pending: dict[bytes, bytes | None]) -> bytes | None:
-        """An add's F, or, if a late add not folded yet took it over, its F before that (None: none)."""
-        return pending[add] if add in pending else txn.get(absorbs_key(add))
+    def _taken_over_after(self, work: _Work, order: bytes) -> dict[bytes, bytes | None]:
+        """The adds that late adds of the batch sorting after `order` (not folded yet) took over, each with its F
+        before (None: none): their stored F names that late add already."""
+        txn = work.records.txn
+        return {
+            add: before
+            for later, pairs in work.takes_over.items()
+            if self._order(txn, later) > order
+            for add, before in pairs
+        }
 
     def _rewind(self, records: _Records, component: bytes, exp_id: bytes, start: bytes) -> None:
         """Make a root's record what it was where `start` sorts: without the adds absorbed into it, the deletes of
@@ -1138,13 +1139,7 @@ class Library:
         into = txn.get(absorbs_key(cid)) if self.meta(txn, cid).kind is Kind.ADD else None
         if into is None or not _written_by_alias(records.record(cid), cid, into):
             return None
-        root = records.resolved(into)
-        stands = records.record(root) if root is not None else None
-        assert stands is not None, "an earlier add in the component has been folded"
-        stands.support += 1
-        _insert_cid(stands.absorbed, cid)
-        records.put(stands)
-        return OpStatus(Outcome.ABSORBED, into=CID(into))
+        return _list_absorbed(records, cid, into)
 
     def _undo(self, records: _Records, merge: bytes) -> None:
         """Undo an applied merge that nothing but votes acted on: its record goes, its sources stand for themselves,
@@ -1448,12 +1443,7 @@ class Library:
         into = txn.get(absorbs_key(cid))
         # the chains as they were when this add was placed: adds of the batch that sort after it, not folded yet,
         # may have taken over adds on them since
-        earlier = {
-            add: before
-            for later, pairs in work.takes_over.items()
-            if self._order(txn, later) > order
-            for add, before in pairs
-        } | taken
+        earlier = self._taken_over_after(work, order) | taken
         ends = _chain_ends(txn, earlier, [*taken, into] if into is not None else list(taken))
         groups: dict[bytes, list[bytes]] = {}
         for add in taken:
@@ -2010,15 +2000,9 @@ class Library:
         if into is None:
             records.put(_new_record(cid, op, support=1))
             return OpStatus.applied(cid)
-        root = records.resolved(into)
-        assert root is not None, "an earlier add in the component has been folded"
-        stands = records.record(root)
-        assert stands is not None
-        stands.support += 1
-        _insert_cid(stands.absorbed, cid)
-        records.put(stands)
+        status = _list_absorbed(records, cid, into)
         records.put(_alias(cid, op, into))
-        return OpStatus(Outcome.ABSORBED, into=CID(into))
+        return status
 
     def _modify(self, records: _Records, cid: bytes, record: ExperienceRecord, op: Operation) -> OpStatus:
         if record.status is Life.DELETED:
@@ -2083,6 +2067,11 @@ class Library:
         return None
 
 
+def _f_before(txn: Transaction, add: bytes, earlier: dict[bytes, bytes | None]) -> bytes | None:
+    """An add's F, or, if a late add not folded yet took it over (`earlier`), its F before that (None: none)."""
+    return earlier[add] if add in earlier else txn.get(absorbs_key(add))
+
+
 def _chain_ends(txn: Transaction, earlier: dict[bytes, bytes | None], starts: list[bytes]) -> dict[bytes, bytes]:
     """For each of `starts` (and the adds on the way), the end of its chain of earliest adds before a late add
     took adds over (`earlier`: the earliest add each had before, which the stored one replaced; None: none)."""
@@ -2091,7 +2080,7 @@ def _chain_ends(txn: Transaction, earlier: dict[bytes, bytes | None], starts: li
         chain, add = [], start
         while add not in ends:
             chain.append(add)
-            before = earlier[add] if add in earlier else txn.get(absorbs_key(add))
+            before = _f_before(txn, add, earlier)
             if before is None:
                 ends[add] = add
             else:
@@ -2190,6 +2179,17 @@ def _alias(cid: bytes, op: Operation, into: bytes) -> ExperienceRecord:
     record = _new_record(cid, op, support=1)
     record.status, record.alias_of = Life.ALIAS, CID(into)
     return record
+
+
+def _list_absorbed(records: _Records, cid: bytes, into: bytes) -> OpStatus:
+    """List an add absorbed into `into` in what that resolves to now, which gains one supporter; its verdict."""
+    root = records.resolved(into)
+    stands = records.record(root) if root is not None else None
+    assert stands is not None, "an earlier add in the component has been folded"
+    stands.support += 1
+    _insert_cid(stands.absorbed, cid)
+    records.put(stands)
+    return OpStatus(Outcome.ABSORBED, into=CID(into))
 
 
 def _written_by_alias(record: ExperienceRecord | None, cid: bytes, into: bytes) -> bool:
