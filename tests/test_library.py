@@ -1307,6 +1307,31 @@ def test_resolving_many_experiences_at_once_gives_what_resolving_each_gives(tmp_
     node.close()
 
 
+def test_resolving_follows_aliases_as_a_fold_changes_them(tmp_path):
+    """`_Records.resolved` remembers what each alias on a path it walked resolves to: an alias changed since (put
+    back after `edit`, or a record dropped and written again, as a fold again does) gives the new answer."""
+    node = open_ledger(tmp_path / "node")
+    records = _Records(Transaction(node.store), _LargeRecords())
+    a, b, c, d = (f.add(text).cid.raw for text in f.SEED_TEXTS[:4])
+
+    def record(exp_id: bytes, alias_of: bytes | None = None) -> ExperienceRecord:
+        status = Life.ALIAS if alias_of is not None else Life.LIVE
+        alias = CID(alias_of) if alias_of is not None else None
+        return ExperienceRecord(CID(exp_id), "did:key:z", 1, status, alias, CID(exp_id), [], "math", 1)
+
+    for exp_id, alias_of in ((a, b), (b, c), (c, None), (d, None)):
+        records.put(record(exp_id, alias_of))
+    assert [records.resolved(exp_id) for exp_id in (a, b, c)] == [c, c, c]
+    edited = records.edit(c)
+    edited.status, edited.alias_of = Life.ALIAS, CID(d)  # a merge took it
+    records.put(edited)
+    assert records.resolved(a) == d
+    records.drop(b)
+    records.put(record(b))  # folded again: a root now
+    assert (records.resolved(a), records.resolved(b)) == (b, b)
+    node.close()
+
+
 def test_duplicates_are_no_ops(ledger):
     add = f.add()
     assert ledger.submit(add.data).outcome == "applied"
