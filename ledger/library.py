@@ -129,6 +129,7 @@ _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 _REWORDABLE = frozenset({"merge.concurrent_delete", "merge.concurrent_modify", "merge.target_deleted"})
 #: the verdicts of a merge that no record can change: §7.4 reads the whole set of operations for them
 _CONCURRENTLY_VOID = frozenset({"merge.concurrent_delete", "merge.concurrent_modify"})
+_TARGET_DELETED, _NOT_EXPERIENCE = "merge.target_deleted", "target.not_experience"
 
 
 class OpMeta(NamedTuple):
@@ -1326,20 +1327,23 @@ class Library:
     ) -> list[tuple[bytes, bytes]] | None:
         """What the experience at `end` folds again when deletes (orders) of adds leaving it go with them: nothing
         if its first delete stays; else the modifies (order, CID) of its other adds, in canonical order, which
-        act on it again up to its new first delete, if any; None if a merge names one of its other adds (the
-        merge's verdict may change with the delete gone: then the component is folded again)."""
+        act on it again up to its new first delete, if any; None if a merge names one of its other adds whose
+        verdict may change with the delete gone (`_stays_void`: then the component is folded again)."""
         txn = records.txn
         record = records.record(end)
         assert record is not None and record.status is Life.DELETED
         if self._first_delete(txn, record) not in leaving:
             return []
+        left = set(leaving)
+        gone = min((order for delete in record.deleted_by if (order := self._order(txn, delete.raw)) not in left),
+                   default=_LAST_ORDER)  # fmt: skip
         modifies = []
         for add in _tree(records, end):
             if add in carried:
                 continue
             for key, _ in txn.scan(by_target_prefix(add)):
                 kind, order = parse_by_target_key(key)
-                if kind == _KIND_BYTE[Kind.MERGE]:
+                if kind == _KIND_BYTE[Kind.MERGE] and not self._stays_void(txn, order, gone):
                     return None
                 cid = order_cid(order)
                 if (
@@ -1349,6 +1353,25 @@ class Library:
                 ):
                     modifies.append((order, cid))
         return sorted(modifies)
+
+    def _stays_void(self, txn: Transaction, merge: bytes, deleted: bytes) -> bool:
+        """Whether the merge at `merge` keeps its verdict when an add it names moves to an experience whose first
+        delete sorts at `deleted` (`_LAST_ORDER`: none), the rest of what it names staying where it was: it is void
+        by its clock, by a concurrent modify or delete (§7.4 reads the operations naming its targets, which are the
+        same), as naming an experience that stays none, or as naming one deleted before it and that one is (a
+        source deleted before a merge voids it, whichever). One applied would take the other experience, one
+        new is not folded yet (it is folded after, where it sorts)."""
+        raw = txn.get(status_key(order_cid(merge)))
+        if raw is None:
+            return True
+        status = OpStatus.unpack(raw)
+        if status.outcome is not Outcome.VOID:
+            return False
+        if status.code in _CONCURRENTLY_VOID or status.code == _NOT_EXPERIENCE:
+            return True
+        return self.clock_void(txn, self.meta(txn, order_cid(merge))) is not None or (
+            status.code == _TARGET_DELETED and deleted < merge
+        )
 
     def _undelete(
         self, records: _Records, end: bytes, leaving: list[bytes], staying: list[tuple[bytes, bytes]]
@@ -1504,11 +1527,16 @@ class Library:
                 continue
             carried = self._carried_through(work, earlier, groups[end])
             naming = [parse_by_target_key(key) for add in carried for key, _ in txn.scan(by_target_prefix(add))]
-            if any(kind == _KIND_BYTE[Kind.MERGE] for kind, _ in naming):
-                return False  # a merge naming an add that leaves may change its verdict
             named = [order for kind, order in naming if kind == _KIND_BYTE[Kind.DELETE]]
             deletes = self._deletes_leaving(txn, end, named)
             if deletes is None or (deletes and not deletable):
+                return False
+            # a merge naming an add that leaves takes what the new add stands for where the merge sorts: it must
+            # stay void (deleted then: the deletes going with the adds, or the host's own)
+            gone = min([*deletes, *([self._first_delete(txn, host)] if host is not None and deletable else [])],
+                       default=_LAST_ORDER)  # fmt: skip
+            merges = [order for kind, order in naming if kind == _KIND_BYTE[Kind.MERGE]]
+            if not all(self._stays_void(txn, merge, gone) for merge in merges):
                 return False
             staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else []
             if staying is None:

@@ -604,6 +604,67 @@ def test_a_split_that_would_make_a_merge_of_its_experience_apply_folds_the_compo
     node.close()
 
 
+def test_a_split_of_adds_that_void_merges_name_keeps_the_merges_void_without_a_refold(tmp_path):
+    """Merges naming the third stay void when it leaves with the second: one void by a modify of the third
+    concurrent with it (§7.4 reads the same operations), one naming that void merge (no experience), and one void
+    because the first's experience was deleted before it, by a delete of the second that goes with it: what the
+    late add stands for is deleted before that merge too. The component is not folded again."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    concurrent = _merge((third, other), clock=6, parents=[third.cid, other.cid], key=7)
+    modify = op(Kind.MODIFY, key=4, clock=6, parents=[third.cid], target=third.cid, content=f.content(TEXT_B))
+    of_second = op(Kind.DELETE, key=10, clock=6, parents=[second.cid], target=second.cid, reason="proven incorrect")
+    targets = tuple(sorted((concurrent.cid, third.cid)))
+    naming_void = op(
+        Kind.MERGE, key=8, clock=7, parents=targets, targets=targets, content=f.content(f.SEED_TEXTS[2]), reason="same"
+    )
+    deleted = _merge((third, other), clock=7, parents=[of_second.cid, modify.cid, other.cid], key=9)
+    history = [first, second, third, other, concurrent, modify, of_second, naming_void, deleted]
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, history, late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(concurrent.cid).code == "merge.concurrent_modify"
+    assert view.status(naming_void.cid).code == "target.not_experience"
+    assert view.status(deleted.cid).code == "merge.target_deleted"
+    assert view.experience(late.cid).deleted_by == [of_second.cid] and view.experience(first.cid).live
+    node.close()
+
+
+def test_a_split_moving_the_first_delete_keeps_a_merge_of_its_experience_void_by_a_concurrent_modify(tmp_path):
+    """With the delete of the third gone, the first's experience is live again, and its modify is its head; a merge
+    naming the first stays void, by that modify, concurrent with it: no fold again."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    modify = op(Kind.MODIFY, key=6, clock=7, parents=[first.cid], target=first.cid, content=f.content(TEXT_B))
+    merge = _merge((first, other), clock=7, parents=[delete.cid, other.cid], key=7)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, modify, merge], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).code == "merge.concurrent_modify"
+    assert view.experience(first.cid).live and view.experience(first.cid).heads == [modify.cid]
+    node.close()
+
+
+def test_a_split_before_a_merge_void_by_a_delete_that_stays_folds_the_component_again(tmp_path):
+    """A merge naming the third was void because the first's experience was deleted before it by a delete of the
+    first, which stays: what the late add stands for is not deleted, so the merge applies and takes it. The
+    in-place split does not do that: the component is folded again, to the same state."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    delete = op(Kind.DELETE, key=4, clock=6, parents=[first.cid], target=first.cid, reason="proven incorrect")
+    merge = _merge((third, other), clock=7, parents=[delete.cid, third.cid, other.cid], key=7)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, merge], late)
+    assert refolded > 0
+    view = node.view()
+    assert view.status(merge.cid).outcome == "applied" and view.resolve(late.cid) == merge.cid
+    assert view.experience(first.cid).status == "deleted"
+    node.close()
+
+
 def test_a_late_copy_joining_a_deleted_experience_deletes_what_it_joins_where_the_delete_sorts(tmp_path):
     """The smaller experience the copy joins was deleted: its delete deletes the larger one's record (now the
     copy's), voiding the larger one's modify after the delete and keeping the one before, in place."""
