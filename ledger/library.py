@@ -1354,6 +1354,11 @@ class Library:
                     modifies.append((order, cid))
         return sorted(modifies)
 
+    @staticmethod
+    def _applied(txn: Transaction, order: bytes) -> bool:
+        cid = order_cid(order)
+        return txn.get(status_key(cid)) == OpStatus.applied(cid).pack()
+
     def _stays_void(self, txn: Transaction, merge: bytes, deleted: bytes) -> bool:
         """Whether the merge at `merge` keeps its verdict when an add it names moves to an experience whose first
         delete sorts at `deleted` (`_LAST_ORDER`: none), the rest of what it names staying where it was: it is void
@@ -1515,6 +1520,7 @@ class Library:
         host = records.record(host_id) if host_id is not None else None
         deletable = host is None or host.status is not Life.ALIAS
         joined, split, merged = [], [], []
+        unfolding: list[tuple[bytes, list[bytes]]] = []  # (applied merge naming adds that leave, those adds)
         for end in sorted(groups.keys() - {kept}):
             if end in taken:  # its first: the whole experience moves
                 record = records.record(end)
@@ -1531,24 +1537,41 @@ class Library:
             deletes = self._deletes_leaving(txn, end, named)
             if deletes is None or (deletes and not deletable):
                 return False
-            # a merge naming an add that leaves takes what the new add stands for where the merge sorts: it must
-            # stay void (deleted then: the deletes going with the adds, or the host's own)
+            modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
+            # a merge naming an add that leaves takes what the new add stands for where the merge sorts: one void
+            # must stay void (deleted then: the deletes going with the adds, or the host's own); the first applied
+            # one is taken back with its chain and folded again after the split (`_unfold_joined`), with what
+            # acted on its chain since, which the split must then leave alone (no delete of the adds that leave,
+            # their modifies before it)
+            merges = [order for kind, order in naming if kind == _KIND_BYTE[Kind.MERGE]]
+            applied = [merge for merge in merges if self._applied(txn, merge)]
+            again_from = min(applied, default=_LAST_ORDER)
+            if applied and (deletes or any(modify > again_from for modify in modifies)):
+                return False
             gone = min([*deletes, *([self._first_delete(txn, host)] if host is not None and deletable else [])],
                        default=_LAST_ORDER)  # fmt: skip
-            merges = [order for kind, order in naming if kind == _KIND_BYTE[Kind.MERGE]]
-            if not all(self._stays_void(txn, merge, gone) for merge in merges):
+            if not all(self._stays_void(txn, merge, gone) for merge in merges if merge < again_from):
                 return False
+            if applied:
+                unfolding.append((order_cid(again_from), carried))
             staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else []
             if staying is None:
                 return False
-            modifies = sorted(order for kind, order in naming if kind == _KIND_BYTE[Kind.MODIFY])
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
             split.append((end, carried, modifies, voted, deletes, staying))
         replay = None
         if merged:  # only a join of one merged experience alone, below
             if split or len(joined) > 1:
                 return False
-            replay = self._unfold_joined(work, component, merged[0], host_id, list(taken), order)
+            replay = self._unfold_joined(work, component, merged[0], list(taken), host_id, order)
+            if replay is None:
+                return False
+        elif unfolding:  # only a split alone, into what no merge took
+            if len(split) > 1 or joined or not deletable:
+                return False
+            # every add it takes over: one sorting after the merge would be folded again naming it, not found
+            merge, carried = unfolding[0]
+            replay = self._unfold_joined(work, component, merge, [*taken, *carried], host_id, order)
             if replay is None:
                 return False
         if into is not None:
@@ -1573,18 +1596,19 @@ class Library:
         return True
 
     def _unfold_joined(
-        self, work: _Work, component: bytes, merge: bytes, host: bytes | None, taken: list[bytes], order: bytes
+        self, work: _Work, component: bytes, merge: bytes, moving: list[bytes], host: bytes | None, order: bytes
     ) -> list[bytes] | None:
-        """Take back the merge that took the experience a late add at `order` joins into what it stands for (`host`
-        if not new, which no merge took), and rewind that to where the merge sorts (`_unfold`): the experience
-        joins it as if no merge had taken it, and the merge and what acted on them since are folded again after (it
-        takes what it names where it stands then); returns the orders to fold again (the caller's tally counts
-        the whole component's votes after a takeover). None if the host or an add taken over sorts after the merge:
-        folded again, the merge would list it. Any peer can sign a copy near the first add of an experience a
-        merge took, with a clock below it: it folded the 1M workload's largest component again (1.8-2.6 s)."""
+        """Take back a merge that took adds (`moving`) a late add at `order` moves into what it stands for (`host`
+        if not new, which no merge took) — the experience it joins, or adds it takes out of theirs — and rewind
+        that to where the merge sorts (`_unfold`): the adds move as if no merge had taken them, and the merge and
+        what acted on them since are folded again after (it takes what it names where that stands then); returns
+        the orders to fold again (the caller's tally counts the whole component's votes after a takeover). None if
+        the host or an add that moves sorts after the merge: folded again, the merge would list it. Any peer can
+        sign a copy near the first add of an experience a merge took, or near adds a merge names, with a clock
+        below them: it folded the 1M workload's largest component again (1.1-2.6 s)."""
         txn = work.records.txn
         start = self._order(txn, merge)
-        if any(self._order(txn, add) > start for add in [*taken, *([host] if host is not None else [])]):
+        if any(self._order(txn, add) > start for add in [*moving, *([host] if host is not None else [])]):
             return None
         unfolded = self._unfold(work, component, start, [merge], [host] if host is not None else [], order)
         return None if unfolded is None else [start, *unfolded[1]]  # the merge is folded again too

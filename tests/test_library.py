@@ -648,6 +648,42 @@ def test_a_split_moving_the_first_delete_keeps_a_merge_of_its_experience_void_by
     node.close()
 
 
+def test_a_split_of_adds_an_applied_merge_names_lets_the_merge_take_what_they_join_without_a_refold(tmp_path):
+    """The merge of the third and another add took the first's experience; with the second and third taken out
+    by the late copy, it takes the copy's experience instead where it sorts, and the first stands for itself. The
+    merge is taken back and folded again after the split, with the modify and the vote that acted on it since
+    (`_unfold_joined`), without folding the component again."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    merge = _merge((third, other), clock=6, parents=[third.cid, other.cid], key=7)
+    modify = op(Kind.MODIFY, key=8, clock=7, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
+    vote = op(Kind.VOTE, key=9, clock=8, parents=[modify.cid], target=first.cid, vote=1)
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, modify, vote], late)
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).outcome == "applied" and view.resolve(late.cid) == merge.cid
+    assert view.experience(first.cid).live and view.experience(first.cid).up == 1
+    assert view.experience(merge.cid).heads == [modify.cid] and view.experience(merge.cid).up == 0
+    node.close()
+
+
+def test_a_split_of_adds_an_applied_merge_names_with_a_delete_of_one_folds_the_component_again(tmp_path):
+    """A delete of the second, after the merge, deleted the merged experience; it would go with the adds that
+    leave, which the take-back of the merge does not combine with: the component is folded again, to the same
+    state."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    merge = _merge((third, other), clock=6, parents=[third.cid, other.cid], key=7)
+    delete = op(Kind.DELETE, key=8, clock=7, parents=[merge.cid, second.cid], target=second.cid, reason="wrong")
+    late = _add_of(NEAR[2], 1, 5)
+    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, delete], late)
+    assert refolded > 0
+    view = node.view()
+    assert view.resolve(late.cid) == merge.cid and view.experience(merge.cid).status == "deleted"
+    node.close()
+
+
 def test_a_split_before_a_merge_void_by_a_delete_that_stays_folds_the_component_again(tmp_path):
     """A merge naming the third was void because the first's experience was deleted before it by a delete of the
     first, which stays: what the late add stands for is not deleted, so the merge applies and takes it. The
