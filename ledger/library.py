@@ -332,25 +332,23 @@ class _Records:
             self.txn.put(experience_key(exp_id), raw)
         self._dirty.clear()
 
-    def resolved(self, exp_id: bytes, before: bool = False) -> bytes | None:
-        """The experience standing for `exp_id` now, or `before` this fold (following aliases); None if
-        `exp_id` has no record."""
-        if not before and (end := self._ends.get(exp_id)) is not None:
+    def resolved(self, exp_id: bytes) -> bytes | None:
+        """The experience standing for `exp_id` now (following aliases); None if `exp_id` has no record."""
+        if (end := self._ends.get(exp_id)) is not None:
             return end
-        read = self._before if before else self._load
-        record = read(exp_id)
+        record = self._load(exp_id)
         if record is None:
             return None
         path = []
         while record is not None and record.status is Life.ALIAS:
-            if not before and (end := self._ends.get(exp_id)) is not None:
+            if (end := self._ends.get(exp_id)) is not None:
                 exp_id = end
                 break
             assert record.alias_of is not None
             path.append(exp_id)
             exp_id = record.alias_of.raw
-            record = read(exp_id)
-        if not before and record is not None:  # a link to a dropped record is not remembered
+            record = self._load(exp_id)
+        if record is not None:  # a link to a dropped record is not remembered
             self._ends.update(dict.fromkeys(path, exp_id))
         return exp_id
 
@@ -955,7 +953,7 @@ class Library:
         trees: list[bytes] = []
         for merge in sorted(work.voids_merge[order]):  # found by `_place`: finding them again walks the ancestry
             merge_cid = order_cid(merge)
-            if txn.get(status_key(merge_cid)) != OpStatus.applied(merge_cid).pack():
+            if not self._is_applied(txn, merge):
                 continue  # folded again as an earlier one was undone: void too
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
@@ -1355,7 +1353,8 @@ class Library:
         return sorted(modifies)
 
     @staticmethod
-    def _applied(txn: Transaction, order: bytes) -> bool:
+    def _is_applied(txn: Transaction, order: bytes) -> bool:
+        """Whether the operation at `order` is applied (an applied add or merge's verdict names itself)."""
         cid = order_cid(order)
         return txn.get(status_key(cid)) == OpStatus.applied(cid).pack()
 
@@ -1544,7 +1543,7 @@ class Library:
             # acted on its chain since, which the split must then leave alone (no delete of the adds that leave,
             # their modifies before it)
             merges = [order for kind, order in naming if kind == _KIND_BYTE[Kind.MERGE]]
-            applied = [merge for merge in merges if self._applied(txn, merge)]
+            applied = [merge for merge in merges if self._is_applied(txn, merge)]
             again_from = min(applied, default=_LAST_ORDER)
             if applied and (deletes or any(modify > again_from for modify in modifies)):
                 return False
