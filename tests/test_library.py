@@ -684,19 +684,24 @@ def test_a_split_of_adds_an_applied_merge_names_with_a_delete_of_one_folds_the_c
     node.close()
 
 
-def test_a_split_before_a_merge_void_by_a_delete_that_stays_folds_the_component_again(tmp_path):
+def test_a_split_before_a_merge_void_by_a_delete_that_stays_lets_the_merge_apply_without_a_refold(tmp_path):
     """A merge naming the third was void because the first's experience was deleted before it by a delete of the
-    first, which stays: what the late add stands for is not deleted, so the merge applies and takes it. The
-    in-place split does not do that: the component is folded again, to the same state."""
+    first, which stays: what the late add stands for is not deleted, so the merge applies and takes it where it
+    sorts (`_refold_void_merges`). A modify naming the merge (void while it named no experience) acts on it now,
+    and a later merge naming the third, void for the same reason, takes the first merge. Not folded again."""
     first, second, third = _split_history()
-    other = _add_of(TEXT_C, 3, 6)
+    other, another = _add_of(TEXT_C, 3, 6), _add_of(f.SEED_TEXTS[2], 5, 6)
     delete = op(Kind.DELETE, key=4, clock=6, parents=[first.cid], target=first.cid, reason="proven incorrect")
     merge = _merge((third, other), clock=7, parents=[delete.cid, third.cid, other.cid], key=7)
-    late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, merge], late)
-    assert refolded > 0
+    modify = op(Kind.MODIFY, key=8, clock=8, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
+    later = _merge((third, another), clock=9, parents=[modify.cid, another.cid], key=9)
+    history = [first, second, third, other, another, delete, merge, modify, later]
+    node, refolded = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
+    assert refolded == 0
     view = node.view()
-    assert view.status(merge.cid).outcome == "applied" and view.resolve(late.cid) == merge.cid
+    assert view.status(merge.cid).outcome == "applied" and view.status(later.cid).outcome == "applied"
+    assert view.resolve(third.cid) == later.cid and view.resolve(other.cid) == later.cid
+    assert view.experience(merge.cid).heads == [modify.cid]
     assert view.experience(first.cid).status == "deleted"
     node.close()
 
