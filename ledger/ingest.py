@@ -278,11 +278,9 @@ class Batch:
         self.fold = self._library.fold(txn, list(zip(self.applied, ops, strict=True)), pause=self._pause)
 
     def refold(self, applied: list[tuple[bytes, Operation]]) -> None:
-        """Clear the library's tables and fold every applied operation again (a rebuild, logged as it goes)."""
-        self._library.clear(self.txn, self._store)
-        self.fold = self._library.fold(
-            self.txn, applied, lambda done, total: log.info("refolded %d/%d operations", done, total)
-        )
+        """Fold applied operations again, which sort after every one folded since the library was cleared (a
+        rebuild's next chunk)."""
+        self.fold = self._library.fold(self.txn, applied)
 
     def commit(self) -> WriterState:
         """Write everything in one synced LevelDB write; returns the state the writer carries on with."""

@@ -87,6 +87,7 @@ STATE_ROOT = META + b"state_root"
 GENERATION = META + b"library_generation"  # bumped by every committed change to the library
 NETWORK = META + b"network"  # the network parameters the directory was created with
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
+REBUILDING = META + b"rebuilding"  # a library rebuild has begun and not ended: the next open starts it again
 BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it existed; dropped with it
 BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
 #: blocks moved into the block files (bucket keys rewritten) per synced write while a database is upgraded

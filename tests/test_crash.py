@@ -6,8 +6,13 @@ import sys
 import time
 from pathlib import Path
 
+import plyvel
+
+from ledger import ledger as ledger_module
 from ledger.cid import CID
+from ledger.ledger import DB_DIR
 from ledger.proofs import verify_consistency
+from ledger.store import REBUILDING
 from tests.ledgers import converged_state, open_ledger, random_history
 
 RUNS = 20
@@ -69,3 +74,63 @@ def test_kill_minus_nine_loses_nothing_acknowledged(tmp_path):
     assert len(acknowledged) > 0
     finished.close()
     clean.close()
+
+
+#: a rebuild in chunks of 20 that stops, as if hung, once it has folded 100 operations again: the test kills it there
+_REBUILD_UNTIL_HALFWAY = """
+import logging, sys, threading
+from pathlib import Path
+import ledger.ledger
+from tests.ledgers import open_ledger
+
+class Halfway(logging.Handler):
+    def emit(self, record):
+        if record.getMessage().startswith("refolded 100/"):
+            print("halfway", flush=True)
+            threading.Event().wait()
+
+ledger.ledger._REBUILD_CHUNK = 20
+logging.getLogger("ledger.ledger").addHandler(Halfway())
+logging.getLogger("ledger.ledger").setLevel(logging.INFO)
+open_ledger(Path(sys.argv[1])).rebuild_library()
+"""
+
+
+def test_a_rebuild_killed_halfway_is_begun_again_at_the_next_open(tmp_path):
+    """The library is cleared and folded again a chunk per synced write: killed between two, the database holds
+    part of it, and the next open rebuilds it from the start (the applied operations' order is never cleared)."""
+    blocks = random_history(random.Random(31), 300)
+    node = tmp_path / "node"
+    ledger = open_ledger(node)
+    ledger.ingest([b.data for b in blocks])
+    state = converged_state(ledger)
+    ledger.close()
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _REBUILD_UNTIL_HALFWAY, str(node)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert worker.stdout is not None and worker.stdout.readline() == "halfway\n"
+    finally:
+        worker.kill()
+        worker.wait(timeout=60)
+    db = plyvel.DB(str(node / DB_DIR))
+    assert db.get(REBUILDING) is not None, "killed before the rebuild ended"
+    db.close()
+    ledger = open_ledger(node)
+    assert ledger.store.get(REBUILDING) is None
+    assert converged_state(ledger) == state
+    ledger.close()
+
+
+def test_a_rebuild_in_chunks_folds_the_library_the_operations_give(tmp_path, monkeypatch):
+    """Each chunk is folded on top of the ones before, as if its operations had arrived after them."""
+    blocks = random_history(random.Random(32), 200)
+    random.Random(33).shuffle(blocks)
+    ledger = open_ledger(tmp_path / "node")
+    for start in range(0, len(blocks), 9):
+        ledger.ingest([b.data for b in blocks[start : start + 9]])
+    state = converged_state(ledger)
+    monkeypatch.setattr(ledger_module, "_REBUILD_CHUNK", 7)
+    ledger.rebuild_library()
+    assert converged_state(ledger) == state and ledger.store.get(REBUILDING) is None
+    ledger.close()
