@@ -1352,27 +1352,31 @@ class Library:
 
     def _staying_modifies(
         self, records: _Records, end: bytes, carried: set[bytes], leaving: list[bytes]
-    ) -> list[tuple[bytes, bytes]] | None:
+    ) -> tuple[list[tuple[bytes, bytes]], list[bytes]] | None:
         """What the experience at `end` folds again when deletes (orders) of adds leaving it go with them: nothing
         if its first delete stays; else the modifies (order, CID) of its other adds, in canonical order, which
-        act on it again up to its new first delete, if any; None if a merge names one of its other adds whose
-        verdict may change with the delete gone (`_stays_void`: then the component is folded again)."""
+        act on it again up to its new first delete, if any, and the void merges naming its other adds that may
+        apply now (it is no longer deleted before them: `_stays_void`), which are folded again after the split
+        (`_refold_void_merges`); None if an applied merge names one of them (then the component is folded
+        again)."""
         txn = records.txn
         record = records.record(end)
         assert record is not None and record.status is Life.DELETED
         if self._first_delete(txn, record) not in leaving:
-            return []
+            return [], []
         left = set(leaving)
         gone = min((order for delete in record.deleted_by if (order := self._order(txn, delete.raw)) not in left),
                    default=_LAST_ORDER)  # fmt: skip
-        modifies = []
+        modifies, merges = [], []
         for add in _tree(records, end):
             if add in carried:
                 continue
             for key, _ in txn.scan(by_target_prefix(add)):
                 kind, order = parse_by_target_key(key)
                 if kind == _KIND_BYTE[Kind.MERGE] and not self._stays_void(txn, order, gone):
-                    return None
+                    if self._is_applied(txn, order):
+                        return None
+                    merges.append(order)
                 cid = order_cid(order)
                 if (
                     kind == _KIND_BYTE[Kind.MODIFY]
@@ -1380,7 +1384,7 @@ class Library:
                     and self.clock_void(txn, self.meta(txn, cid)) is None
                 ):
                     modifies.append((order, cid))
-        return sorted(modifies)
+        return sorted(modifies), merges
 
     @staticmethod
     def _is_applied(txn: Transaction, order: bytes) -> bool:
@@ -1457,7 +1461,7 @@ class Library:
             txn.put(status_key(cid), voided.pack())
             return True
         if None not in ends.values() and self._acted_on_after(records, component, roots, order):
-            return self._merge_unfolding(work, component, cid, op, order)
+            return self._merge_unfolding(work, component, cid, op, order) is not None
         status = self._rule(records, cid, op)
         txn.put(status_key(cid), status.pack())
         if status.outcome is Outcome.APPLIED:
@@ -1475,28 +1479,31 @@ class Library:
             records.put(merge)
         return True
 
-    def _merge_unfolding(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
+    def _merge_unfolding(
+        self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes
+    ) -> list[bytes] | None:
         """Fold a late merge where it sorts when something after it acted on an experience it takes: what each of
         its targets resolved to there is rewound to that point and what acted on it since taken back with the
         merges that took it since (`_unfold`), the merge's verdict is the one folding it there gives, and what was
-        taken back is folded again after it; False if that cannot be done alone. One whose target was deleted
-        before it is void (§7.4) and changes no record. Any peer can sign a merge of two experiences that merges,
-        modifies or deletes acted on since, with a clock just above theirs."""
+        taken back is folded again after it; returns the orders folded again after it, None if that cannot be
+        done alone. One whose target was deleted before it is void (§7.4) and changes no record. Any peer can sign
+        a merge of two experiences that merges, modifies or deletes acted on since, with a clock just above
+        theirs."""
         records, txn = work.records, work.records.txn
         rewound = sorted({self._resolved_at(records, target, order) for target in self.meta(txn, cid).targets})
         stood = [records.record(exp_id) for exp_id in rewound]
         if self._deleted_before(records, cid, order):
             txn.put(status_key(cid), _target_deleted().pack())
-            return True
+            return []
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
         unfolded = self._unfold(work, component, order, bottoms, rewound, order, merge=cid)
         if unfolded is None:
-            return False
+            return None
         tree, replay = unfolded
         work.undone.setdefault(component, []).extend([*tree, cid])
         txn.put(status_key(cid), self._rule(records, cid, op).pack())
         self._fold_again(work, replay)
-        return True
+        return replay
 
     def _deleted_before(self, records: _Records, merge: bytes, order: bytes) -> bool:
         """Whether what a target of the merge at `order` resolved to there was deleted before it (§7.4: void)."""
@@ -1507,19 +1514,21 @@ class Library:
         return False
 
     def _refold_void_merges(self, work: _Work, component: bytes, merges: list[bytes]) -> None:
-        """Fold again, where they sort, the void merges (orders, canonical order) naming adds a split moved whose
-        verdict may change (`_stays_void` could not keep them void): the first whose targets no delete before it
-        deleted is folded again with what acted on them since (`_merge_unfolding`), which folds the later ones
-        again too (each names an add that moved, so an experience it rewinds); those before it stay void."""
+        """Fold again, where they sort, the void merges (orders) naming adds a split moved, or adds of an experience
+        whose first delete it moved, that may apply now (`_stays_void` could not keep them void), in canonical
+        order: each whose targets no delete before it deleted is folded again as a late merge, with what acted
+        on them since (`_merge_unfolding`); one that an earlier one folded again with it is done (it named what
+        that one rewound), and one that names none of that acts on other experiences."""
         records, txn = work.records, work.records.txn
-        for order in merges:
+        done: set[bytes] = set()
+        for order in sorted(set(merges)):
             cid = order_cid(order)
-            if self._deleted_before(records, cid, order):
+            if order in done or self._deleted_before(records, cid, order):
                 continue
             op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
-            unfolded = self._merge_unfolding(work, component, cid, op, order)
-            assert unfolded, "the caller checked that no late add of the batch took adds over after it"
-            return
+            replay = self._merge_unfolding(work, component, cid, op, order)
+            assert replay is not None, "the caller checked that no late add of the batch took adds over after it"
+            done.update(replay)
 
     def _acted_on_after(self, records: _Records, component: bytes, roots: list[bytes], order: bytes) -> bool:
         """Whether an operation after `order` other than a vote or an absorbed add acted on one of `roots`
@@ -1607,19 +1616,19 @@ class Library:
                        default=_LAST_ORDER)  # fmt: skip
             # a void one that may apply now (its experience was deleted before it, what the add moves to is not)
             # is folded again after the split, where it sorts (`_refold_void_merges`)
-            may_apply = [merge for merge in merges if merge < again_from and not self._stays_void(txn, merge, gone)]
-            if may_apply and applied:
-                return False
-            refolding.extend(may_apply)
+            refolding.extend(merge for merge in merges if merge < again_from and not self._stays_void(txn, merge, gone))
             if applied:
                 unfolding.append((order_cid(again_from), carried))
-            staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else []
+            staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else ([], [])
             if staying is None:
                 return False
+            refolding.extend(staying[1])
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
-            split.append((end, carried, modifies, voted, deletes, staying))
-        if refolding and self._taken_over_after(work, min(refolding)):
-            return False  # folded again, an add one of them names may be read where that late add's fold does not
+            split.append((end, carried, modifies, voted, deletes, staying[0]))
+        if refolding and (unfolding or self._taken_over_after(work, min(refolding))):
+            # with an applied one, or folded again reading an add a late add of the batch took over where that
+            # late add's fold does not look for it
+            return False
         replay = None
         if merged:  # only a join of one merged experience alone, below
             if split or len(joined) > 1:
@@ -1654,7 +1663,7 @@ class Library:
             self._move_modifies(work, component, modifies)
         if replay is not None:
             self._fold_again(work, replay)
-        self._refold_void_merges(work, component, sorted(set(refolding)))
+        self._refold_void_merges(work, component, refolding)
         return True
 
     def _unfold_joined(

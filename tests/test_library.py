@@ -587,23 +587,6 @@ def test_a_split_leaving_the_first_delete_of_an_experience_changes_none_of_its_m
     node.close()
 
 
-def test_a_split_that_would_make_a_merge_of_its_experience_apply_folds_the_component_again(tmp_path):
-    """A merge naming the first was void because the delete of the third deleted the first's experience before it;
-    with the delete moved, the merge applies, which the in-place split does not do: the component is folded
-    again, to the same state."""
-    first, second, third = _split_history()
-    other = _add_of(TEXT_C, 3, 6)
-    delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
-    merge = _merge((first, other), clock=7, parents=[delete.cid, other.cid], key=7)
-    late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, merge], late)
-    assert refolded > 0
-    view = node.view()
-    assert view.status(merge.cid).outcome == "applied" and view.resolve(first.cid) == merge.cid
-    assert view.experience(late.cid).status == "deleted"
-    node.close()
-
-
 def test_a_split_of_adds_that_void_merges_name_keeps_the_merges_void_without_a_refold(tmp_path):
     """Merges naming the third stay void when it leaves with the second: one void by a modify of the third
     concurrent with it (§7.4 reads the same operations), one naming that void merge (no experience), and one void
@@ -645,6 +628,27 @@ def test_a_split_moving_the_first_delete_keeps_a_merge_of_its_experience_void_by
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify"
     assert view.experience(first.cid).live and view.experience(first.cid).heads == [modify.cid]
+    node.close()
+
+
+def test_a_split_moving_the_first_delete_lets_a_merge_of_the_experience_apply_without_a_refold(tmp_path):
+    """The delete of the third deleted the first's experience, so a merge naming the first after it was void; the
+    delete goes with the third, the first's experience is live again up to its other delete, after the merge, and
+    the merge takes it where it sorts (`_refold_void_merges`), that delete then deleting the merge. A merge of the
+    third after the split stays void (its delete, which went with it, is not its ancestor's: delete beats merge)."""
+    first, second, third = _split_history()
+    other = _add_of(TEXT_C, 3, 6)
+    of_third = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
+    merge = _merge((first, other), clock=7, parents=[of_third.cid, other.cid], key=7)
+    of_first = op(Kind.DELETE, key=8, clock=8, parents=[merge.cid], target=first.cid, reason="superseded")
+    late_merge = _merge((third, other), clock=9, parents=[of_first.cid], key=9)
+    history = [first, second, third, other, of_third, merge, of_first, late_merge]
+    node, refolded = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
+    assert refolded == 0
+    view = node.view()
+    assert view.status(merge.cid).outcome == "applied" and view.resolve(first.cid) == merge.cid
+    assert view.experience(merge.cid).status == "deleted" and view.experience(merge.cid).deleted_by == [of_first.cid]
+    assert view.status(late_merge.cid).code == "merge.concurrent_delete"
     node.close()
 
 
