@@ -930,13 +930,16 @@ class Library:
             # they did count as they did (where members moved, the counts below change them; the property tests
             # found a merge a take-back let apply void again, its chain's records folded again the same)
             self._keep_counts(records, [exp_id for exp_id in touched if exp_id not in changed])
+        # a late add that took adds over moved them between roots that stand for what they did; with a take-back,
+        # one it created may stand for itself again, which no record it read says (the property tests found a
+        # copy renaming an experience a merge took, the merge then taken back by a split: the votes stayed on it)
+        took_over = any(txn.get(component_key(cid)) == component for cid in work.takes_over)
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
-        elif changed:  # after an undo only the undone merges' trees resolve elsewhere (and to where they did)
+        elif changed or (took_over and not again and component in work.undone):
+            # after an undo only the undone merges' trees resolve elsewhere (and to where they did); other late
+            # operations changed other roots
             trees = undone if undone is not None else None if again else work.undone.get(component)
-            # other late operations changed other roots; a late add that took adds over moved them between roots
-            # that stand for what they did, outside the trees
-            took_over = any(txn.get(component_key(cid)) == component for cid in work.takes_over)
             if trees is None or not set(changed) <= set(trees) or took_over:
                 trees = self._members(txn, component)
             self._tally(work, trees, touched)
@@ -956,7 +959,7 @@ class Library:
                     break
         return [order for order in placed if last_old is not None and order < last_old]
 
-    def _undo_merges(self, work: _Work, component: bytes, order: bytes) -> list[bytes] | None:
+    def _undo_merges(self, work: _Work, component: bytes, order: bytes) -> list[bytes]:
         """Undo the applied merges the new modify or delete at `order` voids; returns the experiences that
         resolved to what they went into.
 
@@ -977,21 +980,17 @@ class Library:
                 continue  # folded again as an earlier one was undone: void too
             status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
             assert status is not None, "the new operation is concurrent with it"
-            taken_back = self._take_back(work, component, merge_cid, order)
-            if taken_back is None:
-                return None
-            trees.extend(taken_back[0])
+            tree, replay = self._take_back(work, component, merge_cid, order)
+            trees.extend(tree)
             txn.put(status_key(merge_cid), status.pack())
-            self._fold_again(work, taken_back[1])
+            self._fold_again(work, replay, order)
         return trees
 
-    def _take_back(
-        self, work: _Work, component: bytes, merge: bytes, now: bytes
-    ) -> tuple[list[bytes], list[bytes]] | None:
+    def _take_back(self, work: _Work, component: bytes, merge: bytes, now: bytes) -> tuple[list[bytes], list[bytes]]:
         """Undo an applied merge: by itself if nothing but votes acted on it (`_undo`), else with what acted on it
         (`_unfold` from where it sorts; `now`: the order of the operation being folded; the caller writes the merge's
         own verdict); returns the experiences that resolved to what it went into and the operations to fold again
-        (`_fold_again`), or None if that cannot be done without folding the component again."""
+        (`_fold_again`)."""
         if self._acted_on_by_none(work.records, merge):
             tree = _tree(work.records, merge)
             self._undo(work.records, merge)
@@ -1007,7 +1006,7 @@ class Library:
         rewound: list[bytes],
         now: bytes,
         merge: bytes | None = None,
-    ) -> tuple[list[bytes], list[bytes]] | None:
+    ) -> tuple[list[bytes], list[bytes]]:
         """Take back the applied merges `bottoms` (none sorting before `start`) and the roots `rewound` to where
         `start` sorts, with what acted on them since, to fold that again; returns the experiences that resolved to
         what they went into and the merges to fold again (whose votes the caller counts again) and the orders of
@@ -1025,10 +1024,9 @@ class Library:
         concurrency may apply and take the experiences it names outside, which no delete before it deleted: each
         joins the set where that merge sorts and is rewound to there (`_rewind`: what acted on it since is folded
         again after the merge), and a merge that took one since is taken back with its chain (`_take_chain`).
-        None (nothing changed) if an add to fold again was taken over by a late add of the batch not folded yet (it
-        sorts after `now`, the operation being folded): its F names that add already, whose fold reads the add
-        where it was (the property tests found it). A new operation not folded yet is folded after this, where it
-        sorts (`_fold_in_place`).
+        An add that a late add of the batch sorting after `now` (the operation being folded) took over, not
+        folded yet, names its F before (`_fold_again` folds it there). A new operation not folded yet is folded
+        after this, where it sorts (`_fold_in_place`).
         """
         records, txn = work.records, work.records.txn
         # the adds a late add of the batch not folded yet took over: their F names it already, and their F before
@@ -1070,8 +1068,6 @@ class Library:
             status = txn.get(status_key(cid))
             if status is None:
                 continue
-            if cid in pending:  # folded again, it would be listed where that late add's fold does not look for it
-                return None
             # a merge void by a concurrent modify or delete stays void (§7.4 reads the whole set for that), as does
             # one naming, outside the set, no experience or one deleted before it; another void one may apply: it
             # would take what it names outside, whose records hold what acted on them since. One that may apply
@@ -1181,28 +1177,35 @@ class Library:
             out.support -= len(after)
             records.put(out)
 
-    def _fold_again(self, work: _Work, replay: list[bytes]) -> None:
-        """Fold operations taken back by `_unfold` again, in canonical order.
+    def _fold_again(self, work: _Work, replay: list[bytes], now: bytes) -> None:
+        """Fold operations taken back by `_unfold` again, in canonical order, while the operation at `now` is
+        folded.
 
         Most are adds absorbed into an F whose record is already the alias `_add` would write: only what F
         resolves to now lists them (`_absorb_again`), and the operation is not read. Reading and decoding each
         one (its content, embedding and signature) was a quarter of a take-back that folded 8,612 operations
-        again at 1M, writing each alias record a tenth."""
+        again at 1M, writing each alias record a tenth. An add that a late add of the batch sorting after `now`
+        took over, not folded yet, is folded with its F before (its stored F names that late add already, whose
+        fold then takes it over from there, as it would had it arrived after this operation)."""
         records, txn = work.records, work.records.txn
+        pending = self._taken_over_after(work, now)
         for order in replay:
             cid = order_cid(order)
             op = work.fold.operations.get(cid)
-            status = self._absorb_again(records, cid) if op is None else None
-            if status is None:
+            is_add = self.meta(txn, cid).kind is Kind.ADD
+            into = _f_before(txn, cid, pending) if is_add else None
+            status = self._absorb_again(records, cid, into) if op is None and into is not None else None
+            if status is None and is_add:
+                status = self._add(records, cid, op or load_stored(txn.block(cid)), into)
+            elif status is None:
                 status = self._rule(records, cid, op or load_stored(txn.block(cid)))
             txn.put(status_key(cid), status.pack())
 
-    def _absorb_again(self, records: _Records, cid: bytes) -> OpStatus | None:
-        """`_add`'s verdict for an add absorbed into its F whose record is that alias already (as `_alias` writes it:
-        no heads, absorbed adds, deletes or counts, its own version); None if it is another operation or record."""
-        txn = records.txn
-        into = txn.get(absorbs_key(cid)) if self.meta(txn, cid).kind is Kind.ADD else None
-        if into is None or not _written_by_alias(records.record(cid), cid, into):
+    @staticmethod
+    def _absorb_again(records: _Records, cid: bytes, into: bytes) -> OpStatus | None:
+        """`_add`'s verdict for an add absorbed into `into` whose record is that alias already (as `_alias` writes it:
+        no heads, absorbed adds, deletes or counts, its own version); None if its record is another."""
+        if not _written_by_alias(records.record(cid), cid, into):
             return None
         return _list_absorbed(records, cid, into)
 
@@ -1275,7 +1278,8 @@ class Library:
             txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
             return True
         if op.kind is Kind.MERGE:
-            return self._merge_in_place(work, component, cid, op, order)
+            self._merge_in_place(work, component, cid, op, order)
+            return True
         if op.kind not in (Kind.MODIFY, Kind.DELETE):
             return False
         assert op.target is not None
@@ -1290,13 +1294,13 @@ class Library:
         record = records.record(exp_id)
         assert record is not None
         if record.status is Life.ALIAS:  # a merge after the delete took E as a source: it is void now
-            return self._delete_merged_in_place(work, component, record, order)
-        self._delete_in_place(records, component, exp_id, [order])
+            self._delete_merged_in_place(work, component, record, order)
+        else:
+            self._delete_in_place(records, component, exp_id, [order])
         return True
 
-    def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> bool:
-        """Fold a late delete of E (`record`), which a merge after it took, where it sorts; False if what acted on
-        the merge cannot be folded again alone (`_unfold`: then the component is folded again).
+    def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> None:
+        """Fold a late delete of E (`record`), which a merge after it took, where it sorts.
 
         The merge is void now (`merge.target_deleted`): it is undone as a concurrent delete undoes one
         (`_undo_merges`), the delete deletes E where it sorts, and what acted on the merge since is folded again.
@@ -1307,14 +1311,11 @@ class Library:
         records, txn = work.records, work.records.txn
         assert record.alias_of is not None
         merge = record.alias_of.raw
-        taken_back = self._take_back(work, component, merge, order)
-        if taken_back is None:
-            return False
-        work.undone.setdefault(component, []).extend(taken_back[0])
+        tree, replay = self._take_back(work, component, merge, order)
+        work.undone.setdefault(component, []).extend(tree)
         txn.put(status_key(merge), _target_deleted().pack())
         self._delete_in_place(records, component, record.id.raw, [order])
-        self._fold_again(work, taken_back[1])
-        return True
+        self._fold_again(work, replay, order)
 
     def _delete_in_place(self, records: _Records, component: bytes, exp_id: bytes, deletes: list[bytes]) -> None:
         """Let deletes (orders) that act on `exp_id` now, which no merge took, delete it where they sort: its
@@ -1440,10 +1441,10 @@ class Library:
             return _superseded_by_delete()
         return self._add_head(records, cid, record, op)
 
-    def _merge_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
-        """Fold a late merge where it sorts; False if what acted on the experiences it takes since cannot be folded
-        again alone (`_merge_unfolding`; then the component is folded again). One signed late is concurrent with
-        the modifies and deletes of its targets it does not descend from, and void by them: it changes no record.
+    def _merge_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> None:
+        """Fold a late merge where it sorts (what acted on the experiences it takes since is folded again after it:
+        `_merge_unfolding`). One signed late is concurrent with the modifies and deletes of its targets it does not
+        descend from, and void by them: it changes no record.
 
         If nothing after it but votes and absorbed adds acted on the experiences it takes (`_acted_on_after`),
         they are as they were where it sorts but for those adds, so its verdict is the one folding it on top gives
@@ -1459,9 +1460,10 @@ class Library:
         voided = self._concurrently_voided(records, cid, meta) if None not in ends.values() else None
         if voided is not None:  # void wherever it sorts (§7.4): it changes no record
             txn.put(status_key(cid), voided.pack())
-            return True
+            return
         if None not in ends.values() and self._acted_on_after(records, component, roots, order):
-            return self._merge_unfolding(work, component, cid, op, order) is not None
+            self._merge_unfolding(work, component, cid, op, order, order)
+            return
         status = self._rule(records, cid, op)
         txn.put(status_key(cid), status.pack())
         if status.outcome is Outcome.APPLIED:
@@ -1477,18 +1479,17 @@ class Library:
                     records.put(source)
                     merge.absorbed = _sorted_cids([*(add.raw for add in merge.absorbed), *later])
             records.put(merge)
-        return True
 
     def _merge_unfolding(
-        self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes
-    ) -> list[bytes] | None:
+        self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes, now: bytes
+    ) -> list[bytes]:
         """Fold a late merge where it sorts when something after it acted on an experience it takes: what each of
         its targets resolved to there is rewound to that point and what acted on it since taken back with the
         merges that took it since (`_unfold`), the merge's verdict is the one folding it there gives, and what was
-        taken back is folded again after it; returns the orders folded again after it, None if that cannot be
-        done alone. One whose target was deleted before it is void (§7.4) and changes no record. Any peer can sign
-        a merge of two experiences that merges, modifies or deletes acted on since, with a clock just above
-        theirs."""
+        taken back is folded again after it; returns the orders folded again after it (`now`: the order of the
+        operation being folded). One whose target was deleted before it is void (§7.4) and changes no record. Any
+        peer can sign a merge of two experiences that merges, modifies or deletes acted on since, with a clock
+        just above theirs."""
         records, txn = work.records, work.records.txn
         rewound = sorted({self._resolved_at(records, target, order) for target in self.meta(txn, cid).targets})
         stood = [records.record(exp_id) for exp_id in rewound]
@@ -1496,13 +1497,10 @@ class Library:
             txn.put(status_key(cid), _target_deleted().pack())
             return []
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
-        unfolded = self._unfold(work, component, order, bottoms, rewound, order, merge=cid)
-        if unfolded is None:
-            return None
-        tree, replay = unfolded
+        tree, replay = self._unfold(work, component, order, bottoms, rewound, now, merge=cid)
         work.undone.setdefault(component, []).extend([*tree, cid])
         txn.put(status_key(cid), self._rule(records, cid, op).pack())
-        self._fold_again(work, replay)
+        self._fold_again(work, replay, now)
         return replay
 
     def _deleted_before(self, records: _Records, merge: bytes, order: bytes) -> bool:
@@ -1513,7 +1511,7 @@ class Library:
                 return True
         return False
 
-    def _refold_void_merges(self, work: _Work, component: bytes, merges: list[bytes]) -> None:
+    def _refold_void_merges(self, work: _Work, component: bytes, merges: list[bytes], now: bytes) -> None:
         """Fold again, where they sort, the void merges (orders) naming adds a split moved, or adds of an experience
         whose first delete it moved, that may apply now (`_stays_void` could not keep them void), in canonical
         order: each whose targets no delete before it deleted is folded again as a late merge, with what acted
@@ -1526,9 +1524,7 @@ class Library:
             if order in done or self._deleted_before(records, cid, order):
                 continue
             op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
-            replay = self._merge_unfolding(work, component, cid, op, order)
-            assert replay is not None, "the caller checked that no late add of the batch took adds over after it"
-            done.update(replay)
+            done.update(self._merge_unfolding(work, component, cid, op, order, now))
 
     def _acted_on_after(self, records: _Records, component: bytes, roots: list[bytes], order: bytes) -> bool:
         """Whether an operation after `order` other than a vote or an absorbed add acted on one of `roots`
@@ -1625,9 +1621,7 @@ class Library:
             refolding.extend(staying[1])
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
             split.append((end, carried, modifies, voted, deletes, staying[0]))
-        if refolding and (unfolding or self._taken_over_after(work, min(refolding))):
-            # with an applied one, or folded again reading an add a late add of the batch took over where that
-            # late add's fold does not look for it
+        if refolding and unfolding:  # with an applied one
             return False
         replay = None
         if merged:  # only a join of one merged experience alone, below
@@ -1662,8 +1656,8 @@ class Library:
                 self._delete_in_place(records, component, stands, deletes)
             self._move_modifies(work, component, modifies)
         if replay is not None:
-            self._fold_again(work, replay)
-        self._refold_void_merges(work, component, refolding)
+            self._fold_again(work, replay, order)
+        self._refold_void_merges(work, component, refolding, order)
         return True
 
     def _unfold_joined(
@@ -1681,8 +1675,9 @@ class Library:
         start = self._order(txn, merge)
         if any(self._order(txn, add) > start for add in [*moving, *([host] if host is not None else [])]):
             return None
-        unfolded = self._unfold(work, component, start, [merge], [host] if host is not None else [], order)
-        return None if unfolded is None else [start, *unfolded[1]]  # the merge is folded again too
+        tree, replay = self._unfold(work, component, start, [merge], [host] if host is not None else [], order)
+        work.undone.setdefault(component, []).extend(tree)
+        return [start, *replay]  # the merge is folded again too
 
     def _rename(
         self, work: _Work, component: bytes, cid: bytes, op: Operation, old: bytes, taken: dict[bytes, bytes | None]
@@ -2139,7 +2134,7 @@ class Library:
             if records.record(target) is None:
                 return _not_experience(target)
         if op.kind is Kind.ADD:
-            return self._add(records, cid, op)
+            return self._add(records, cid, op, records.txn.get(absorbs_key(cid)))
         if op.kind is Kind.MERGE:
             return self._merge(records, cid, op, meta)
         exp_id = records.resolved(meta.targets[0])
@@ -2153,9 +2148,10 @@ class Library:
         records.put(record)
         return OpStatus.applied(exp_id)
 
-    def _add(self, records: _Records, cid: bytes, op: Operation) -> OpStatus:
-        """A new experience, absorbed into the canonically earliest earlier add it nearly duplicates (§7.6)."""
-        into = records.txn.get(absorbs_key(cid))
+    @staticmethod
+    def _add(records: _Records, cid: bytes, op: Operation, into: bytes | None) -> OpStatus:
+        """A new experience, absorbed into `into` (F: the canonically earliest earlier add it nearly duplicates,
+        §7.6), if any."""
         if into is None:
             records.put(_new_record(cid, op, support=1))
             return OpStatus.applied(cid)

@@ -275,6 +275,9 @@ _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 # a split taking back an applied merge of adds that leave, while the late copy also took over an add absorbed after
 # that merge into its own experience: folded again naming the copy, it was not found (all it takes must sort before)
 @example(seed=20756, absorption=3)
+# a copy renaming an experience a merge took, then in the same batch a copy whose split takes the merge back: the
+# renamed experience stood for itself again, and the vote on its add stayed counted on the merge
+@example(seed=1551, absorption=2)
 def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_converge(
     tmp_path_factory, monkeypatch, by_name, seed, absorption
 ):
