@@ -82,11 +82,13 @@ class Retriever:
             candidates = [exp_id for exp_id, _ in self._ledger.nearest(vector, count)]
         ranked: dict[bytes, tuple[float, Hit]] = {}
         unembedded = []
+        held = {}  # candidates the local index held when checked: the embedding task may drop one meanwhile
         for exp_id in candidates:
             record = view.experience(exp_id)
             if record is None or not record.live:
                 continue  # never serve a deleted, merged-away or superseded version
             if self.local and self.local.index.holds(exp_id.raw, record.version.raw):
+                held[exp_id.raw] = record
                 continue  # ranked by the local model below
             content = view.content(record.version)
             unembedded.append((record, content))
@@ -116,6 +118,16 @@ class Retriever:
                 if score > threshold:
                     hit = _hit(record, view.content(record.version), score, self.local.model.name)
                     ranked[exp_id] = (score - threshold, hit)
+            # the embedding task keeps only what the vector index has been told of, and a commit is visible before
+            # it is told: a candidate embedded inline by an earlier query may have left the local index since it
+            # was checked above (a documented example lost its only hit so); it is embedded inline again
+            lost = [r for exp_id, r in held.items() if not self.local.index.holds(exp_id, r.version.raw)]
+            made = self.local.embed([(r.id.raw, r.version.raw, view.content(r.version).text) for r in lost])
+            for record in lost:
+                score = _score(made[record.id.raw], local_vector)
+                if score > threshold:
+                    hit = _hit(record, view.content(record.version), score, self.local.model.name)
+                    ranked[record.id.raw] = (score - threshold, hit)
         for record, content in unembedded:
             score = float(unit(unpack_float16(content.embedding.values)) @ vector)
             if score > network_floor:
