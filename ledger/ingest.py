@@ -24,7 +24,6 @@ failed write needs no undoing.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -59,8 +58,6 @@ from ledger.store import (
     waiter_prefix,
 )
 from ledger.validation import SignatureChecks, ValidationError, examine
-
-log = logging.getLogger(__name__)
 
 
 class IngestError(LedgerError):
@@ -242,7 +239,6 @@ class Batch:
         """`pause()` is called between operations (reads go first)."""
         self.base = base
         self._pause = pause
-        self._store = store
         self.txn: Transaction = store.transaction()
         self._library = library
         self._log = LogAppender(self.txn, base.log_size)
