@@ -653,38 +653,23 @@ class Library:
     def drop_bucket_marks(store: Store) -> None:
         """Delete the bucket marks a data directory written before they moved into the key filter holds (I).
 
-        Deleted in chunks from one iterator (its snapshot does not see the deletions), then compacted away:
-        until then every open would seek over their tombstones. An interrupted drop goes on at the next open.
+        Deleted in chunks (`_delete_table`), then compacted away: until then every open would seek over their
+        tombstones. An interrupted drop goes on at the next open.
         """
-        dropped, chunk = 0, {}
-        for key, _ in store.scan(BUCKET_MARK):
-            chunk[key] = None
-            if len(chunk) == _DROP_CHUNK:
-                store.write(chunk)
-                dropped, chunk = dropped + len(chunk), {}
-                log.info("%s: dropped %d bucket marks from the database", store.path, dropped)
-        if not dropped and not chunk and store.get(BUCKETS_MARKED) is None:
+        dropped = _delete_table(store, BUCKET_MARK, "bucket marks")
+        if not dropped and store.get(BUCKETS_MARKED) is None:
             return
-        store.write({**chunk, BUCKETS_MARKED: None})
+        store.write({BUCKETS_MARKED: None})
         store.compact(BUCKET_MARK)
-        log.info("%s: dropped %d bucket marks: the key filter holds them", store.path, dropped + len(chunk))
+        log.info("%s: dropped %d bucket marks: the key filter holds them", store.path, dropped)
 
     @staticmethod
     def clear(store: Store) -> None:
         """Delete every table the fold writes but the canonical order of the applied operations (a rebuild folds
-        them again from nothing, in that order, and the fold writes the same keys there), in synced chunks from
-        one iterator per table: one transaction held the whole library (9.55 GB at 1M operations)."""
-        cleared = 0
-        for table in _CLEARED:
-            chunk: dict[bytes, bytes | None] = {}
-            for key, _ in store.scan(table):
-                chunk[key] = None
-                if len(chunk) == _DROP_CHUNK:
-                    store.write(chunk)
-                    cleared, chunk = cleared + len(chunk), {}
-                    log.info("%s: cleared %d keys of the library", store.path, cleared)
-            store.write({**chunk, LAST_ADD: None})
-            cleared += len(chunk)
+        them again from nothing, in that order, and the fold writes the same keys there), in synced chunks
+        (`_delete_table`): one transaction held the whole library (9.55 GB at 1M operations)."""
+        cleared = sum(_delete_table(store, table, "keys of the library") for table in _CLEARED)
+        store.write({LAST_ADD: None})
         log.info("%s: cleared the library (%d keys)", store.path, cleared)
 
     @staticmethod
@@ -699,20 +684,19 @@ class Library:
         self,
         txn: Transaction,
         ready: list[tuple[bytes, Operation]],
-        progress: Callable[[int, int], None] | None = None,
         pause: Callable[[], None] = NEVER.pause,
     ) -> Fold:
         """Fold newly applied operations: place each in its component, fold the components they changed,
         then count the votes. Writes only into `txn`; the returned Fold says what the index must follow.
-        `progress(done, total)` is called every 10,000 placed operations (long rebuilds); `pause()` between
-        operations and components (reads go first)."""
+        `pause()` is called between operations and components (reads go first); a rebuild folds in chunks and
+        logs each (`Ledger.rebuild_library`)."""
         ordered = sorted(ready, key=lambda item: order_key(item[1].clock, item[0]))
         adds = [(cid, op.content.embedding.values) for cid, op in ordered if op.kind is Kind.ADD and op.content]
         work = _Work(
             Fold(dict(ready), changed=bool(ready)), _Records(txn, self._large_records), _BandKeys(adds, self._params)
         )
         votes = []
-        for done, (cid, op) in enumerate(ordered, 1):
+        for cid, op in ordered:
             pause()
             order = order_key(op.clock, cid)
             meta = self.meta(txn, cid)
@@ -726,8 +710,6 @@ class Library:
                 votes.append((cid, op))
             else:
                 self._place(work, cid, op, meta, order)
-            if progress and done % 10_000 == 0:
-                progress(done, len(ordered))
         for component in list(work.placed):
             pause()
             self._fold_component(work, component)
@@ -1493,7 +1475,7 @@ class Library:
         records, txn = work.records, work.records.txn
         rewound = sorted({self._resolved_at(records, target, order) for target in self.meta(txn, cid).targets})
         stood = [records.record(exp_id) for exp_id in rewound]
-        if self._deleted_before(records, cid, order):
+        if any(record is not None and self._first_delete(txn, record) < order for record in stood):
             txn.put(status_key(cid), _target_deleted().pack())
             return []
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
@@ -1503,26 +1485,18 @@ class Library:
         self._fold_again(work, replay, now)
         return replay
 
-    def _deleted_before(self, records: _Records, merge: bytes, order: bytes) -> bool:
-        """Whether what a target of the merge at `order` resolved to there was deleted before it (§7.4: void)."""
-        for target in self.meta(records.txn, merge).targets:
-            record = records.record(self._resolved_at(records, target, order))
-            if record is not None and self._first_delete(records.txn, record) < order:
-                return True
-        return False
-
     def _refold_void_merges(self, work: _Work, component: bytes, merges: list[bytes], now: bytes) -> None:
         """Fold again, where they sort, the void merges (orders) naming adds a split moved, or adds of an experience
         whose first delete it moved, that may apply now (`_stays_void` could not keep them void), in canonical
-        order: each whose targets no delete before it deleted is folded again as a late merge, with what acted
-        on them since (`_merge_unfolding`); one that an earlier one folded again with it is done (it named what
-        that one rewound), and one that names none of that acts on other experiences."""
-        records, txn = work.records, work.records.txn
+        order: each is folded again as a late merge, with what acted on its targets since (`_merge_unfolding`; one
+        whose target was deleted before it stays void); one that an earlier one folded again with it is done (it
+        named what that one rewound), and one that names none of that acts on other experiences."""
+        txn = work.records.txn
         done: set[bytes] = set()
         for order in sorted(set(merges)):
-            cid = order_cid(order)
-            if order in done or self._deleted_before(records, cid, order):
+            if order in done:
                 continue
+            cid = order_cid(order)
             op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
             done.update(self._merge_unfolding(work, component, cid, op, order, now))
 
@@ -1615,12 +1589,13 @@ class Library:
             refolding.extend(merge for merge in merges if merge < again_from and not self._stays_void(txn, merge, gone))
             if applied:
                 unfolding.append((order_cid(again_from), carried))
-            staying = self._staying_modifies(records, end, set(carried), deletes) if deletes else ([], [])
-            if staying is None:
+            rest = self._staying_modifies(records, end, set(carried), deletes) if deletes else ([], [])
+            if rest is None:
                 return False
-            refolding.extend(staying[1])
+            staying, void_merges = rest
+            refolding.extend(void_merges)
             voted = any(kind == _KIND_BYTE[Kind.VOTE] for kind, _ in naming)
-            split.append((end, carried, modifies, voted, deletes, staying[0]))
+            split.append((end, carried, modifies, voted, deletes, staying))
         if refolding and unfolding:  # with an applied one
             return False
         replay = None
@@ -2220,6 +2195,21 @@ class Library:
                         "merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)"
                     )
         return None
+
+
+def _delete_table(store: Store, prefix: bytes, what: str) -> int:
+    """Delete every key under `prefix` in synced chunks read from one iterator (its snapshot does not see the
+    deletions), logging progress; returns how many: one write of millions of keys holds them all in memory."""
+    deleted, chunk = 0, {}
+    for key, _ in store.scan(prefix):
+        chunk[key] = None
+        if len(chunk) == _DROP_CHUNK:
+            store.write(chunk)
+            deleted, chunk = deleted + len(chunk), {}
+            log.info("%s: deleted %d %s", store.path, deleted, what)
+    if chunk:
+        store.write(chunk)
+    return deleted + len(chunk)
 
 
 def _f_before(txn: Transaction, add: bytes, earlier: dict[bytes, bytes | None]) -> bytes | None:
