@@ -109,6 +109,8 @@ _READ_BY_NAME = 8
 _META_HEAD = struct.Struct(">QBBB")
 #: sorts after every order (u64 clock, CID)
 _LAST_ORDER = b"\xff" * 9
+#: sorts before every order: an undo before a batch's new operations are folded has every late add of it pending
+_FIRST_ORDER = b""
 #: operations whose metadata is cached (cleared when full): causality reads recent operations. The entries
 #: are plain tuples the garbage collector does not track, so the limit bounds memory only (a cache of
 #: objects was once unbounded, and full collections, which visit every tracked object, grew with it)
@@ -884,12 +886,11 @@ class Library:
         records.recent = []  # a component's records are read by its own fold only
         placed = sorted(work.placed[component])
         # a new operation that voids a merge, wherever the merge sorts (§7.4), undoes it and folds again what acted
-        # on it since (`_undo_merges`), or, if that cannot be done alone, folds the component again
-        again = any(order in work.voids_merge for order in placed)
-        undone = self._undo_merges(work, component, placed[0]) if again and len(placed) == 1 else None
-        again = again and undone is None
-        late = [] if again else self._late(txn, component, placed, work.new)
-        again = again or (bool(late) and not self._fold_late(work, component, late))
+        # on it since (`_undo_merges`), before any new operation is folded
+        voiding = [order for order in placed if order in work.voids_merge]
+        undone = self._undo_merges(work, component, voiding) if voiding else None
+        late = self._late(txn, component, placed, work.new)
+        again = bool(late) and not self._fold_late(work, component, late)
         if again:
             orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
             for exp_id in self._members(txn, component):
@@ -910,7 +911,11 @@ class Library:
             if (again or exp_id not in work.repointed)
             and _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
+        # the trees of what this fold took back and folded again, unless the component was folded again
+        taken_back = None
         if not again and (undone is not None or component in work.undone):
+            taken_back = [*(undone or []), *work.undone.get(component, [])]
+        if taken_back is not None:
             # a take-back dropped records and folded them again, without their counts: those that stand for what
             # they did count as they did (where members moved, the counts below change them; the property tests
             # found a merge a take-back let apply void again, its chain's records folded again the same)
@@ -918,15 +923,13 @@ class Library:
         # a late add that took adds over moved them between roots that stand for what they did; with a take-back,
         # one it created may stand for itself again, which no record it read says (the property tests found a
         # copy renaming an experience a merge took, the merge then taken back by a split: the votes stayed on it)
-        took_over = any(
-            txn.get(component_key(cid)) == component for cid in work.takes_over if cid not in work.unfolded
-        )
+        took_over = any(txn.get(component_key(cid)) == component for cid in work.takes_over if cid not in work.unfolded)
         if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
-        elif changed or (took_over and not again and component in work.undone):
-            # after an undo only the undone merges' trees resolve elsewhere (and to where they did); other late
-            # operations changed other roots
-            trees = undone if undone is not None else None if again else work.undone.get(component)
+        elif changed or (took_over and taken_back is not None):
+            # after take-backs only their trees resolve elsewhere (and to where they did); other late operations
+            # changed other roots
+            trees = taken_back
             if trees is None or not set(changed) <= set(trees) or took_over:
                 trees = self._members(txn, component)
             self._tally(work, trees, touched)
@@ -946,31 +949,34 @@ class Library:
                     break
         return [order for order in placed if last_old is not None and order < last_old]
 
-    def _undo_merges(self, work: _Work, component: bytes, order: bytes) -> list[bytes]:
-        """Undo the applied merges the new modify or delete at `order` voids; returns the experiences that
-        resolved to what they went into.
+    def _undo_merges(self, work: _Work, component: bytes, voiding: list[bytes]) -> list[bytes]:
+        """Undo the applied merges the new modifies and deletes at `voiding` (orders) void, before any new operation
+        of the component is folded; returns the experiences that resolved to what they went into.
 
         One that nothing but votes has acted on since it was folded changed only its own record and its sources'
         (each became its alias), so voiding it gives back the records of the fold without it: its record goes,
         and each source stands for itself (`_undo`). One that something else acted on is taken back with what
-        acted on it, which is folded again (`_unfold`, `_fold_again`). Where the returned experiences'
-        votes count is counted again by the caller: only theirs, not the whole component's (in a 200k
+        acted on it, which is folded again (`_unfold`, `_fold_again`; the batch's new operations are folded after,
+        each where it sorts: every late add of it that took adds over is not folded yet). Where the returned
+        experiences' votes count is counted again by the caller: only theirs, not the whole component's (in a 200k
         workload's largest component, 1,363 experiences, counting them all was 13-25 ms of a 16-27 ms undo).
         One peer could otherwise make the node fold a large component again for two signatures: a merge of two
-        small roots, then a modify concurrent with it (~1.2 s in the 1M workload's largest component).
+        small roots, then a modify concurrent with it (~1.2 s in the 1M workload's largest component), or such a
+        modify and any other operation of the component in one batch.
         """
         records, txn = work.records, work.records.txn
         trees: list[bytes] = []
-        for merge in sorted(work.voids_merge[order]):  # found by `_place`: finding them again walks the ancestry
-            merge_cid = order_cid(merge)
-            if not self._is_applied(txn, merge):
-                continue  # folded again as an earlier one was undone: void too
-            status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
-            assert status is not None, "the new operation is concurrent with it"
-            tree, replay = self._take_back(work, component, merge_cid, order)
-            trees.extend(tree)
-            txn.put(status_key(merge_cid), status.pack())
-            self._fold_again(work, replay, order)
+        for order in voiding:
+            for merge in sorted(work.voids_merge[order]):  # found by `_place`: finding them again walks the ancestry
+                merge_cid = order_cid(merge)
+                if not self._is_applied(txn, merge):
+                    continue  # folded again as an earlier one was undone: void too
+                status = self._concurrently_voided(records, merge_cid, self.meta(txn, merge_cid))
+                assert status is not None, "the new operation is concurrent with it"
+                tree, replay = self._take_back(work, component, merge_cid, _FIRST_ORDER)
+                trees.extend(tree)
+                txn.put(status_key(merge_cid), status.pack())
+                self._fold_again(work, replay, _FIRST_ORDER)
         return trees
 
     def _take_back(self, work: _Work, component: bytes, merge: bytes, now: bytes) -> tuple[list[bytes], list[bytes]]:
