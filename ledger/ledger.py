@@ -108,7 +108,7 @@ class Ledger:
         self.library = Library(params)
         self.library.drop_bucket_marks(store)
         self._write_lock = threading.Lock()
-        #: operations folded again because a late one sorted before them, since start-up
+        #: operations taken back and folded again because a late one sorted before them, since start-up
         self.refolded = 0
         # Invariant: _state and _snapshot describe the last committed batch; both are replaced, never
         # changed, and only by the writer after a commit (views read _snapshot from any thread).

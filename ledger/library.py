@@ -172,7 +172,7 @@ class Fold:
     operations: dict[bytes, Operation]  # the new operations being folded (not yet in the store)
     #: experiences whose live version changed: the version and its float16 embedding, or None (not live now)
     changes: dict[bytes, tuple[bytes, bytes] | None] = field(default_factory=dict)
-    refolded: int = 0  # operations folded again because a late one sorted before them
+    refolded: int = 0  # operations taken back and folded again because a late one sorted before them
     changed: bool = False  # whether any operation was folded (the library's generation moves on)
 
 
@@ -310,7 +310,7 @@ class _Records:
         self._realiased.setdefault(exp_id, old)
 
     def drop(self, exp_id: bytes) -> None:
-        """Remove a record (a component is folded again from nothing)."""
+        """Remove a record (a take-back folds what made it again)."""
         old = self._load(exp_id)
         self._ends.clear()
         self._links.pop(exp_id, None)
@@ -876,11 +876,11 @@ class Library:
         return keep
 
     def _fold_component(self, work: _Work, component: bytes) -> None:
-        """Fold a component's new operations on top, or, if one sorts before an old one, all of it again,
-        unless each such late one can be folded where it sorts (`_fold_in_place`).
+        """Fold a component's new operations: those that sort before an old one where they sort (`_fold_in_place`),
+        in canonical order, each as if it had arrived alone after the ones before it, then the others on top.
 
-        Only the component's operations from its first new one up to one after its last are read unless it
-        must be folded again.
+        Only the component's operations from its first new one up to one after its last are read, and a late one
+        rewrites the records of what it acts on (and what acted on them since), not the component's.
         """
         txn, records = work.records.txn, work.records
         records.recent = []  # a component's records are read by its own fold only
@@ -890,16 +890,9 @@ class Library:
         voiding = [order for order in placed if order in work.voids_merge]
         undone = self._undo_merges(work, component, voiding) if voiding else None
         late = self._late(txn, component, placed, work.new)
-        again = bool(late) and not self._fold_late(work, component, late)
-        if again:
-            orders = [parse_component_op_key(key) for key, _ in txn.scan(component_op_prefix(component))]
-            for exp_id in self._members(txn, component):
-                records.drop(exp_id)
-            for order in orders:
-                txn.delete(status_key(order_cid(order)))
-            work.fold.refolded += sum(1 for order in orders if order not in work.new)
-        # the new operations that sort after every old one are folded on top, after the late ones
-        for order in orders if again else placed[len(late) :]:
+        for order in late:
+            self._fold_in_place(work, component, order)
+        for order in placed[len(late) :]:
             cid = order_cid(order)
             op = work.fold.operations.get(cid) or load_stored(txn.block(cid))
             txn.put(status_key(cid), self._rule(records, cid, op).pack())
@@ -908,14 +901,13 @@ class Library:
         changed = [
             exp_id
             for exp_id in touched
-            if (again or exp_id not in work.repointed)
+            if exp_id not in work.repointed
             and _stands_for(records.record(exp_id)) != _stands_for(records.before[exp_id])
         ]
-        # the trees of what this fold took back and folded again, unless the component was folded again
+        # the trees of what this fold took back and folded again
         taken_back = None
-        if not again and (undone is not None or component in work.undone):
+        if undone is not None or component in work.undone:
             taken_back = [*(undone or []), *work.undone.get(component, [])]
-        if taken_back is not None:
             # a take-back dropped records and folded them again, without their counts: those that stand for what
             # they did count as they did (where members moved, the counts below change them; the property tests
             # found a merge a take-back let apply void again, its chain's records folded again the same)
@@ -924,7 +916,7 @@ class Library:
         # one it created may stand for itself again, which no record it read says (the property tests found a
         # copy renaming an experience a merge took, the merge then taken back by a split: the votes stayed on it)
         took_over = any(txn.get(component_key(cid)) == component for cid in work.takes_over if cid not in work.unfolded)
-        if changed and not again and all(_root_became_alias(records, exp_id) for exp_id in changed):
+        if changed and all(_root_became_alias(records, exp_id) for exp_id in changed):
             self._move_counts(records, changed)
         elif changed or (took_over and taken_back is not None):
             # after take-backs only their trees resolve elsewhere (and to where they did); other late operations
@@ -933,8 +925,6 @@ class Library:
             if trees is None or not set(changed) <= set(trees) or took_over:
                 trees = self._members(txn, component)
             self._tally(work, trees, touched)
-        elif again:  # the same experiences stand for the same ones: the votes count as they did
-            self._keep_counts(records, touched)
 
     @staticmethod
     def _late(txn: Transaction, component: bytes, placed: list[bytes], new: set[bytes]) -> list[bytes]:
@@ -1182,6 +1172,7 @@ class Library:
         fold then takes it over from there, as it would had it arrived after this operation)."""
         records, txn = work.records, work.records.txn
         pending = self._taken_over_after(work, now)
+        work.fold.refolded += len(replay)
         for order in replay:
             cid = order_cid(order)
             op = work.fold.operations.get(cid)
@@ -1242,25 +1233,19 @@ class Library:
         assert record.support == sum(source.support for source in sources if source is not None)
         return True
 
-    def _fold_late(self, work: _Work, component: bytes, late: list[bytes]) -> bool:
-        """Fold the late new operations where they sort, in canonical order, each as if it had arrived alone;
-        False as soon as one may change more than its record. Then the component is folded again, which
-        rewrites every record and verdict the ones before it changed."""
-        return all(self._fold_in_place(work, component, order) for order in late)
+    def _fold_in_place(self, work: _Work, component: bytes, order: bytes) -> None:
+        """Fold a late add, merge, modify or delete where it sorts, without folding its component again.
 
-    def _fold_in_place(self, work: _Work, component: bytes, order: bytes) -> bool:
-        """Fold a late modify, delete or absorbed add where it sorts, without folding its component again;
-        False if it may change more than the record it acts on (then the component is folded again).
-
-        None makes an alias, so each acts on one record, E: what its target (an add's F) resolved to where
-        it sorts (§7.4). A modify's heads are the maximal ones among E's modifies that sort before E's first
-        delete, whatever their order; a delete voids E's modifies after it; an absorbed add adds to E's
-        support and so to the merges E went into since. Beyond that only a merge can change: one naming the
-        target that the operation voids (§7.4's concurrency rules; `_place` marks those, and the caller folds
-        the component again), or one that took E as a source and is void if E was deleted before it; and an
-        add that is F for later adds changes theirs (PROTOCOL.md §7.5). In a 200k workload's largest
-        component (1,363 experiences, ~1,940 operations) such operations cost 160-270 ms folded again, each
-        changing one to five records.
+        None makes an alias, so a modify, a delete or an absorbed add acts on one record, E: what its target
+        (an add's F) resolved to where it sorts (§7.4). A modify's heads are the maximal ones among E's modifies
+        that sort before E's first delete, whatever their order; a delete voids E's modifies after it; an
+        absorbed add adds to E's support and so to the merges E went into since. Beyond that only a merge can
+        change: one naming the target that the operation voids (§7.4's concurrency rules; `_place` marks those,
+        and `_undo_merges` undid them), or one that took E as a source and is void if E was deleted before it;
+        and an add that is F for later adds changes theirs (PROTOCOL.md §7.5). A late merge, or an add taking
+        adds over, rewrites what it takes or moves and what acted on that since. In a 200k workload's largest
+        component (1,363 experiences, ~1,940 operations) such operations cost 160-270 ms when the component was
+        folded again, each changing one to five records.
         """
         cid = order_cid(order)
         op = work.fold.operations[cid]
@@ -1268,23 +1253,21 @@ class Library:
         if op.kind is Kind.ADD and cid in work.takes_over:
             if not self._take_over_in_place(work, component, cid, op, order):
                 self._take_over_unfolding(work, component, cid, op, order)
-            return True
+            return
         if op.kind is Kind.ADD:
             txn.put(status_key(cid), self._absorb_late(records, cid, op, order).pack())
-            return True
+            return
         if op.kind is Kind.MERGE:
             self._merge_in_place(work, component, cid, op, order)
-            return True
-        if op.kind not in (Kind.MODIFY, Kind.DELETE):
-            return False
-        assert op.target is not None
+            return
+        assert op.kind in (Kind.MODIFY, Kind.DELETE) and op.target is not None, "votes are in no component"
         target = op.target.raw
         if records.record(target) is None:  # a merge that is void created no experience
             txn.put(status_key(cid), _not_experience(target).pack())
-            return True
+            return
         if op.kind is Kind.MODIFY:
             txn.put(status_key(cid), self._modify_in_place(records, cid, op, order).pack())
-            return True
+            return
         exp_id = self._resolved_at(records, target, order)
         record = records.record(exp_id)
         assert record is not None
@@ -1292,7 +1275,6 @@ class Library:
             self._delete_merged_in_place(work, component, record, order)
         else:
             self._delete_in_place(records, component, exp_id, [order])
-        return True
 
     def _delete_merged_in_place(self, work: _Work, component: bytes, record: ExperienceRecord, order: bytes) -> None:
         """Fold a late delete of E (`record`), which a merge after it took, where it sorts.
@@ -1531,8 +1513,8 @@ class Library:
     def _take_over_in_place(self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes) -> bool:
         """Fold a late add that is now first among adds after it (a takeover, §7.6) where it sorts; False if it
         would join an experience a merge took along with another or into one a merge took, or take adds that a
-        merge names out of theirs, or move a delete where a merge's verdict could change (then the component is
-        folded again).
+        merge names out of theirs, or move a delete where a merge's verdict could change (then what it touches is
+        rewound to where it sorts: `_take_over_unfolding`).
 
         The adds it takes over fall into groups by the end of their chain of earliest adds before it. One group
         keeps its experience: the one its F's chain ends in (it is absorbed: `_repoint_within`), or else the

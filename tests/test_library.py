@@ -273,8 +273,8 @@ def test_a_late_copy_sorting_first_renames_the_experience_in_place(tmp_path):
     after_merge = f.signed(f.operation(Kind.ADD, clock=7, parents=(merge.cid,), content=f.content()), f.author(8))
     late = _sorting_before(a)
     history = [a, b, *copies, modify, *votes, merge, after_merge]
-    node, refolded = _late_then_all_at_once(tmp_path, history, late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, late)
+    assert taken_back == 0
     view = node.view()
     record = view.experience(late.cid)
     assert record.absorbed == sorted([a.cid, *(copy.cid for copy in copies)]) and record.support == 4
@@ -388,8 +388,8 @@ def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes
     vote = op(Kind.VOTE, key=3, clock=3, parents=[copy.cid], target=copy.cid, vote=1)
     delete = op(Kind.DELETE, key=5, clock=3, parents=[a.cid], target=a.cid, reason="wrong")
     late = _sorting_before(a)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, copy, vote, delete], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, copy, vote, delete], late)
+    assert taken_back == 0
     record = node.view().experience(late.cid)
     assert record.status == "deleted" and record.deleted_by == [delete.cid] and record.up == 1
     assert node.view().experience(a.cid).up == 0
@@ -403,8 +403,8 @@ def test_a_late_copy_sorting_first_and_a_merge_of_it_in_one_batch_count_the_vote
     vote = op(Kind.VOTE, key=3, clock=2, parents=[a.cid], target=a.cid, vote=1)
     late = _sorting_before(a)
     merge = _merge((late, b), clock=5, parents=[late.cid, b.cid])
-    node, refolded = _late_then_all_at_once(tmp_path, [a, vote, b], [merge, late])
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, vote, b], [merge, late])
+    assert taken_back == 0
     view = node.view()
     assert view.experience(late.cid).alias_of == merge.cid and view.experience(late.cid).up == 0
     assert view.experience(merge.cid).up == 1 and view.experience(a.cid).up == 0
@@ -422,8 +422,8 @@ def test_a_late_copy_sorting_first_among_two_experiences_joins_them_in_place(tmp
     chain = [f.signed(f.operation(Kind.ADD, clock=3 + i, content=f.content(text)), f.author(i + 1)) for i, text in
              enumerate(texts)]  # fmt: skip
     late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content(texts[2])), f.author(9))
-    node, refolded = _late_then_all_at_once(tmp_path, chain, late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, chain, late)
+    assert taken_back == 0
     view = node.view()
     assert all(view.status(block.cid).into == late.cid for block in chain)
     assert view.experience(late.cid).support == 4
@@ -452,8 +452,8 @@ def test_a_late_copy_joining_an_experience_with_a_modify_and_a_vote_folds_them_w
     modify = op(Kind.MODIFY, key=4, clock=5, parents=[other.cid], target=other.cid, content=f.content(TEXT_B))
     vote = op(Kind.VOTE, key=5, clock=5, parents=[other.cid], target=other.cid, vote=1)
     late = _add_of(NEAR[1], 1, 6)
-    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, modify, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [larger, copy, other, modify, vote], late)
+    assert taken_back == 0
     view = node.view()
     record = view.experience(late.cid)
     assert record.support == 4 and record.heads == [modify.cid] and record.version == modify.cid and record.up == 1
@@ -472,8 +472,8 @@ def test_a_late_copy_joining_an_experience_a_merge_took_lets_the_merge_take_what
     modify = op(Kind.MODIFY, key=4, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
     vote = op(Kind.VOTE, key=5, clock=6, parents=[merge.cid], target=merge.cid, vote=1)
     late = _add_of(NEAR[1], 1, 6)
-    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, x, merge, modify, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [larger, copy, other, x, merge, modify, vote], late)
+    assert taken_back == 2
     view = node.view()
     record = view.experience(merge.cid)
     assert record.absorbed == sorted([late.cid, x.cid]) and record.support == 5
@@ -494,8 +494,8 @@ def test_a_late_copy_near_absorbed_adds_but_not_their_first_takes_them_out_of_it
     first, second, third = _split_history()
     vote = op(Kind.VOTE, key=4, clock=4, parents=[first.cid], target=first.cid, vote=1)
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
+    assert taken_back == 0
     view = node.view()
     assert view.experience(first.cid).support == 1 and view.experience(first.cid).absorbed == []
     assert view.experience(first.cid).up == 1
@@ -510,8 +510,8 @@ def test_a_late_copy_taking_out_an_add_a_vote_names_counts_the_vote_where_the_ad
     first, second, third = _split_history()
     vote = op(Kind.VOTE, key=4, clock=6, parents=[third.cid], target=third.cid, vote=1)
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, vote], late)
+    assert taken_back == 0
     assert node.view().experience(late.cid).up == 1 and node.view().experience(first.cid).up == 0
     node.close()
 
@@ -526,8 +526,8 @@ def test_a_late_copy_taking_out_an_add_a_modify_names_folds_the_modify_again_whe
         Kind.MODIFY, key=4, clock=6, parents=[third.cid, earlier.cid], target=third.cid, content=f.content(TEXT_B)
     )
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, earlier, modify], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, earlier, modify], late)
+    assert taken_back == 0
     view = node.view()
     assert view.experience(late.cid).heads == [modify.cid] and view.status(modify.cid).experience == late.cid
     assert view.experience(first.cid).heads == [earlier.cid] and view.experience(first.cid).version == earlier.cid
@@ -543,8 +543,8 @@ def test_a_late_copy_taking_out_an_add_a_delete_names_moves_the_delete_where_the
     revived = op(Kind.MODIFY, key=6, clock=7, parents=[first.cid], target=first.cid, content=f.content(TEXT_C))
     voided = op(Kind.MODIFY, key=7, clock=7, parents=[third.cid], target=third.cid, content=f.content(TEXT_B))
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete, revived, voided], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, delete, revived, voided], late)
+    assert taken_back == 0
     view = node.view()
     assert view.experience(first.cid).live and view.experience(first.cid).heads == [revived.cid]
     assert view.experience(first.cid).deleted_by == [] and view.status(revived.cid).experience == first.cid
@@ -563,8 +563,8 @@ def test_a_split_moving_the_first_delete_of_an_experience_voids_its_modifies_fro
     again = op(Kind.DELETE, key=7, clock=8, parents=[first.cid], target=first.cid, reason="proven incorrect")
     after = op(Kind.MODIFY, key=8, clock=9, parents=[first.cid], target=first.cid, content=f.content(TEXT_B))
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, delete, between, again, after], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, delete, between, again, after], late)
+    assert taken_back == 0
     view = node.view()
     record = view.experience(first.cid)
     assert record.status == "deleted" and record.deleted_by == [again.cid] and record.heads == [between.cid]
@@ -579,8 +579,8 @@ def test_a_split_leaving_the_first_delete_of_an_experience_changes_none_of_its_m
     earlier = op(Kind.DELETE, key=6, clock=4, parents=[first.cid], target=first.cid, reason="proven incorrect")
     delete = op(Kind.DELETE, key=4, clock=6, parents=[third.cid], target=third.cid, reason="proven incorrect")
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, earlier, delete], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, earlier, delete], late)
+    assert taken_back == 0
     view = node.view()
     assert view.experience(first.cid).deleted_by == [earlier.cid] and view.experience(first.cid).status == "deleted"
     assert view.experience(late.cid).deleted_by == [delete.cid]
@@ -604,8 +604,8 @@ def test_a_split_of_adds_that_void_merges_name_keeps_the_merges_void_without_a_r
     deleted = _merge((third, other), clock=7, parents=[of_second.cid, modify.cid, other.cid], key=9)
     history = [first, second, third, other, concurrent, modify, of_second, naming_void, deleted]
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, history, late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, late)
+    assert taken_back == 0
     view = node.view()
     assert view.status(concurrent.cid).code == "merge.concurrent_modify"
     assert view.status(naming_void.cid).code == "target.not_experience"
@@ -623,8 +623,8 @@ def test_a_split_moving_the_first_delete_keeps_a_merge_of_its_experience_void_by
     modify = op(Kind.MODIFY, key=6, clock=7, parents=[first.cid], target=first.cid, content=f.content(TEXT_B))
     merge = _merge((first, other), clock=7, parents=[delete.cid, other.cid], key=7)
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, modify, merge], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, other, delete, modify, merge], late)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify"
     assert view.experience(first.cid).live and view.experience(first.cid).heads == [modify.cid]
@@ -643,8 +643,8 @@ def test_a_split_moving_the_first_delete_lets_a_merge_of_the_experience_apply_wi
     of_first = op(Kind.DELETE, key=8, clock=8, parents=[merge.cid], target=first.cid, reason="superseded")
     late_merge = _merge((third, other), clock=9, parents=[of_first.cid], key=9)
     history = [first, second, third, other, of_third, merge, of_first, late_merge]
-    node, refolded = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
+    assert taken_back == 2
     view = node.view()
     assert view.status(merge.cid).outcome == "applied" and view.resolve(first.cid) == merge.cid
     assert view.experience(merge.cid).status == "deleted" and view.experience(merge.cid).deleted_by == [of_first.cid]
@@ -663,8 +663,8 @@ def test_a_split_of_adds_an_applied_merge_names_lets_the_merge_take_what_they_jo
     modify = op(Kind.MODIFY, key=8, clock=7, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
     vote = op(Kind.VOTE, key=9, clock=8, parents=[modify.cid], target=first.cid, vote=1)
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, modify, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, modify, vote], late)
+    assert taken_back == 2
     view = node.view()
     assert view.status(merge.cid).outcome == "applied" and view.resolve(late.cid) == merge.cid
     assert view.experience(first.cid).live and view.experience(first.cid).up == 1
@@ -683,8 +683,8 @@ def test_a_split_of_adds_an_applied_merge_names_with_a_delete_of_one_rewinds_wha
     merge = _merge((third, other), clock=6, parents=[third.cid, other.cid], key=7)
     delete = op(Kind.DELETE, key=8, clock=7, parents=[merge.cid, second.cid], target=second.cid, reason="wrong")
     late = _add_of(NEAR[2], 1, 5)
-    node, refolded = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, delete], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [first, second, third, other, merge, delete], late)
+    assert taken_back == 4
     view = node.view()
     assert view.resolve(late.cid) == merge.cid and view.experience(merge.cid).status == "deleted"
     assert view.experience(merge.cid).support == 4 and view.status(delete.cid).experience == merge.cid
@@ -702,8 +702,8 @@ def test_a_late_copy_joining_an_experience_a_merge_took_before_the_one_it_rename
     vote = op(Kind.VOTE, key=5, clock=6, parents=[merge.cid], target=merge.cid, vote=1)
     larger, copy = _add_of(NEAR[0], 7, 1), _add_of(NEAR[0], 8, 2)
     late = _add_of(NEAR[1], 1, 6)
-    node, refolded = _late_then_all_at_once(tmp_path, [other, x, merge, modify, vote, larger, copy], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [other, x, merge, modify, vote, larger, copy], late)
+    assert taken_back == 5
     view = node.view()
     assert view.status(larger.cid).into == late.cid and view.status(other.cid).into == late.cid
     record = view.experience(merge.cid)
@@ -724,8 +724,8 @@ def test_a_split_before_a_merge_void_by_a_delete_that_stays_lets_the_merge_apply
     modify = op(Kind.MODIFY, key=8, clock=8, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
     later = _merge((third, another), clock=9, parents=[modify.cid, another.cid], key=9)
     history = [first, second, third, other, another, delete, merge, modify, later]
-    node, refolded = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, _add_of(NEAR[2], 1, 5))
+    assert taken_back == 2
     view = node.view()
     assert view.status(merge.cid).outcome == "applied" and view.status(later.cid).outcome == "applied"
     assert view.resolve(third.cid) == later.cid and view.resolve(other.cid) == later.cid
@@ -743,8 +743,8 @@ def test_a_late_copy_joining_a_deleted_experience_deletes_what_it_joins_where_th
     delete = op(Kind.DELETE, key=5, clock=5, parents=[other.cid], target=other.cid, reason="proven incorrect")
     after = op(Kind.MODIFY, key=7, clock=6, parents=[larger.cid], target=larger.cid, content=f.content(TEXT_C))
     late = _add_of(NEAR[1], 1, 6)
-    node, refolded = _late_then_all_at_once(tmp_path, [larger, copy, other, before, delete, after], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [larger, copy, other, before, delete, after], late)
+    assert taken_back == 0
     view = node.view()
     record = view.experience(late.cid)
     assert record.status == "deleted" and record.deleted_by == [delete.cid] and record.heads == [before.cid]
@@ -774,8 +774,8 @@ def test_a_late_copy_sorting_first_takes_over_only_the_copies_of_its_window(tmp_
     at 5, which stays absorbed into the one at 3: the experience is renamed in place, and resolves the same."""
     copies = [_copy(2, 1), _copy(3, 2), _copy(5, 3)]
     late = _copy(1, 4)
-    node, refolded = _late_then_all_at_once(tmp_path, copies, late, absorption=2)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, copies, late, absorption=2)
+    assert taken_back == 0
     view = node.view()
     assert view.status(copies[0].cid).into == late.cid and view.status(copies[1].cid).into == late.cid
     assert view.status(copies[2].cid).into == copies[1].cid and view.resolve(copies[2].cid) == late.cid
@@ -789,8 +789,8 @@ def test_a_late_copy_inside_a_chain_takes_over_copies_of_its_own_experience_in_p
     of the one at 5: it takes that one over, which changes no experience, so nothing is folded again."""
     chain = [_copy(1, 1), _copy(3, 2), _copy(5, 3)]
     late = _sorting_before(chain[1], clock=3)
-    node, refolded = _late_then_all_at_once(tmp_path, chain, late, absorption=2)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, chain, late, absorption=2)
+    assert taken_back == 0
     view = node.view()
     assert view.status(late.cid).into == chain[0].cid and view.status(chain[2].cid).into == late.cid
     assert view.status(chain[1].cid).into == chain[0].cid
@@ -803,7 +803,8 @@ def _late_then_all_at_once(
 ):
     """`history` one by one then `late` (a block, or a list of blocks ingested as one batch) on one node,
     everything at once on another: the same state; returns the first node and how many operations `late`
-    folded again."""
+    took back and folded again (none if it changes only what it acts on; else what acted since on what it
+    rewinds, never its component's other operations)."""
     late = late if isinstance(late, list) else [late]
     incremental = open_ledger(tmp_path / "inc", horizon, absorption)
     clean = open_ledger(tmp_path / "clean", horizon, absorption)
@@ -820,8 +821,8 @@ def _late_then_all_at_once(
 def test_a_late_modify_acts_on_what_its_target_resolved_to_where_it_sorts_without_a_refold(tmp_path):
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     late = op(Kind.MODIFY, key=5, clock=3, target=near_copy.cid, content=f.content(TEXT_B))  # before the merge
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], late)
+    assert taken_back == 0
     assert node.view().experience(a.cid).heads == [late.cid]  # a was not merged yet where the modify sorts
     assert node.view().experience(merge.cid).heads == []
     node.close()
@@ -830,8 +831,8 @@ def test_a_late_modify_acts_on_what_its_target_resolved_to_where_it_sorts_withou
 def test_a_late_delete_voids_the_modifies_after_it_without_a_refold(tmp_path):
     a, first, second = _a_modified_twice()
     late = op(Kind.DELETE, key=5, clock=3, target=a.cid, reason="wrong")  # sorts between the two modifies
-    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, first, second], late)
+    assert taken_back == 0
     record = node.view().experience(a.cid)
     assert record.status == "deleted" and record.heads == [first.cid] and record.version == first.cid
     assert node.view().status(second.cid).code == "superseded.deleted"
@@ -845,8 +846,8 @@ def test_a_late_absorbed_add_joins_where_it_sorts_and_its_support_follows_the_me
     c = f.add(f.SEED_TEXTS[3], f.author(5))
     later = _merge((merge, c), clock=7, parents=[merge.cid, c.cid], key=3, text=TEXT_C)
     late = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # a near copy of a
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge, c, later], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, merge, c, later], late)
+    assert taken_back == 0
     assert node.view().status(late.cid).into == a.cid
     assert node.view().experience(a.cid).absorbed == [late.cid]  # a had not been merged where the add sorts
     assert (node.view().experience(merge.cid).support, node.view().experience(later.cid).support) == (3, 4)
@@ -859,8 +860,8 @@ def test_several_late_operations_in_one_batch_are_each_folded_where_they_sort_wi
     modify = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_C))  # concurrent with first
     near_copy = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # absorbed into a
     delete = op(Kind.DELETE, key=7, clock=3, target=a.cid, reason="wrong")  # voids second, not first or modify
-    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], [delete, near_copy, modify])
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, first, second], [delete, near_copy, modify])
+    assert taken_back == 0
     record = node.view().experience(a.cid)
     assert record.status == "deleted" and record.heads == sorted([first.cid, modify.cid])
     assert record.absorbed == [near_copy.cid] and record.support == 2
@@ -872,8 +873,8 @@ def test_a_late_operation_and_one_on_top_in_one_batch_are_folded_without_a_refol
     a, first, second = _a_modified_twice()
     late = op(Kind.MODIFY, key=5, clock=3, target=a.cid, content=f.content(TEXT_B))
     on_top = op(Kind.MODIFY, key=2, clock=5, parents=[second.cid], target=a.cid, content=f.content())
-    node, refolded = _late_then_all_at_once(tmp_path, [a, first, second], [on_top, late])
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, first, second], [on_top, late])
+    assert taken_back == 0
     assert node.view().experience(a.cid).heads == sorted([late.cid, on_top.cid])
     assert node.view().experience(a.cid).version == on_top.cid
     node.close()
@@ -887,8 +888,8 @@ def test_a_batch_with_a_late_operation_and_one_on_top_that_voids_a_merge_between
     merge = _merge((a, b), clock=5, parents=[a.cid, b.cid])
     late = f.signed(f.operation(Kind.ADD, clock=2, content=f.content()), f.author(6))  # a near copy of a
     rival = op(Kind.MODIFY, key=5, clock=9, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge], [late, rival])
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, merge], [late, rival])
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
     assert view.experience(a.cid).heads == [rival.cid] and view.status(late.cid).into == a.cid
@@ -907,8 +908,8 @@ def test_a_modify_that_voids_a_merge_nothing_acted_on_undoes_it_without_a_refold
     a, b, vote, merge = _two_adds_a_vote_and_their_merge()
     rival = op(Kind.MODIFY, key=5, clock=clock, parents=[a.cid] if clock > 5 else [], target=a.cid,
                content=f.content(TEXT_B))  # fmt: skip
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge], rival)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, vote, merge], rival)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
     assert view.experience(a.cid).heads == [rival.cid] and view.experience(a.cid).up == 1
@@ -936,8 +937,8 @@ def test_a_modify_that_voids_a_merge_only_votes_acted_on_undoes_it_and_voids_the
         op(Kind.VOTE, key=9, clock=6, parents=[merge.cid], target=b.cid, vote=1),
     )
     rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, on_merge, on_source], rival)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, vote, merge, on_merge, on_source], rival)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
     assert view.status(on_merge.cid).code == "target.not_experience"
@@ -953,8 +954,8 @@ def test_a_modify_that_voids_a_merge_a_void_merge_names_undoes_it_and_rewords_th
     delete_c = op(Kind.DELETE, key=8, clock=6, parents=[c.cid], target=c.cid, reason="wrong")
     of_merge = _merge((merge, c), clock=6, parents=[merge.cid, c.cid], key=8, text=TEXT_C)  # void: c deleted
     rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, delete_c, of_merge], rival)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, delete_c, of_merge], rival)
+    assert taken_back == 0
     assert node.view().status(of_merge.cid).code == "target.not_experience"
     node.close()
 
@@ -969,8 +970,8 @@ def test_an_undo_leaves_the_verdict_of_a_merge_naming_it_and_an_operation_void_b
     )
     naming = _merge((merge, clock_void), clock=6, parents=[merge.cid, clock_void.cid], key=8, text=TEXT_C)
     rival = op(Kind.MODIFY, key=5, clock=7, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, clock_void, naming], rival)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, vote, merge, c, clock_void, naming], rival)
+    assert taken_back == 0
     status = node.view().status(naming.cid)
     assert status.code == "target.not_experience" and str(clock_void.cid) in status.reason
     node.close()
@@ -983,8 +984,8 @@ def test_a_modify_that_voids_a_merge_something_acted_on_undoes_both_without_a_re
     a, b, vote, merge = _two_adds_a_vote_and_their_merge()
     rival = op(Kind.MODIFY, key=5, clock=6, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
     acting = _acting_on(a, merge, after)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, vote, merge, *acting], rival)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, vote, merge, *acting], rival)
+    assert taken_back == 1
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
     if after == "absorbed add":
@@ -1001,8 +1002,8 @@ def test_a_batch_whose_second_late_operation_voids_a_merge_undoes_it_before_fold
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     modify = op(Kind.MODIFY, key=5, clock=3, target=near_copy.cid, content=f.content(TEXT_B))
     rival = op(Kind.DELETE, key=6, clock=4, target=b.cid, reason="wrong")  # concurrent with the merge
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], [modify, rival])
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge], [modify, rival])
+    assert taken_back == 0
     assert node.view().status(merge.cid).code == "merge.concurrent_delete"
     assert node.view().experience(a.cid).heads == [modify.cid]
     node.close()
@@ -1015,8 +1016,8 @@ def test_a_late_delete_of_a_merged_source_undoes_the_merge_only_votes_acted_on_w
     on_a = op(Kind.VOTE, key=6, clock=6, parents=[merge.cid], target=a.cid, vote=1)  # counted on the merge, then a
     on_merge = op(Kind.VOTE, key=7, clock=6, parents=[merge.cid], target=merge.cid, vote=-1)
     late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, on_a, on_merge], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, on_a, on_merge], late)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.target_deleted" and view.experience(merge.cid) is None
     assert view.experience(a.cid).status == "deleted" and view.experience(b.cid).status == "live"
@@ -1036,8 +1037,8 @@ def test_a_late_delete_undoing_a_merge_and_a_late_merge_in_one_batch_count_the_v
     delete = op(Kind.DELETE, key=10, clock=3, target=near_copy.cid, reason="wrong")  # before the merge of a and b
     late = [delete, _merge((c, d), clock=2, parents=[c.cid, d.cid], key=11)]
     history = [a, near_copy, b, c, d, modify, void, merge, vote]
-    node, refolded = _late_then_all_at_once(tmp_path, history, late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, late)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.target_deleted"
     assert view.status(void.cid).code == "merge.concurrent_modify"
@@ -1054,8 +1055,8 @@ def test_a_late_delete_undoing_a_deleted_merge_lets_a_merge_it_voided_apply_and_
     modify = op(Kind.MODIFY, key=8, clock=8, parents=[void.cid], target=void.cid, content=f.content(TEXT_B))
     vote = op(Kind.VOTE, key=10, clock=8, parents=[void.cid], target=void.cid, vote=1)
     late = op(Kind.DELETE, key=9, clock=3, target=near_copy.cid, reason="wrong")  # voids the first merge
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, c, merge, gone, void, modify, vote], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, c, merge, gone, void, modify, vote], late)
+    assert taken_back == 3
     view = node.view()
     assert view.status(merge.cid).code == "merge.target_deleted" and view.experience(a.cid).status == "deleted"
     assert view.status(gone.cid).code == "target.not_experience"
@@ -1084,8 +1085,8 @@ def test_a_merge_a_take_back_lets_apply_takes_an_experience_outside_with_the_add
     history = _a_deleted_merge_and_a_merge_naming_it_and_an_outside_experience()
     _, near_copy, b, merge, d, _, void, _, copy_of_d = history
     late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, history, late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, history, late)
+    assert taken_back == 3
     view = node.view()
     assert view.status(merge.cid).code == "merge.target_deleted"
     assert view.status(void.cid).outcome == "applied" and view.resolve(d.cid) == void.cid
@@ -1102,8 +1103,8 @@ def test_a_merge_a_take_back_lets_apply_takes_what_a_modify_acted_on_since_and_f
     d, void = history[4], history[6]
     modify = op(Kind.MODIFY, key=10, clock=9, parents=[void.cid], target=d.cid, content=f.content(TEXT_C))
     late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [*history, modify], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [*history, modify], late)
+    assert taken_back == 4
     view = node.view()
     assert view.status(void.cid).outcome == "applied" and view.experience(void.cid).heads == [modify.cid]
     assert view.experience(d.cid).heads == [] and view.status(modify.cid).experience == void.cid
@@ -1115,8 +1116,8 @@ def test_a_merge_a_take_back_lets_apply_takes_what_a_delete_acted_on_since_which
     d, void = history[4], history[6]
     delete = op(Kind.DELETE, key=10, clock=9, parents=[void.cid], target=d.cid, reason="stale")
     late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [*history, delete], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [*history, delete], late)
+    assert taken_back == 4
     view = node.view()
     assert view.status(void.cid).outcome == "applied" and view.experience(void.cid).status == "deleted"
     assert view.experience(d.cid).status == "alias" and view.experience(d.cid).deleted_by == []
@@ -1135,8 +1136,8 @@ def test_a_merge_a_take_back_lets_apply_takes_what_a_merge_took_since_with_that_
     vote = op(Kind.VOTE, key=14, clock=10, parents=[later.cid], target=d.cid, vote=1)
     copy_of_e = op(Kind.ADD, key=15, clock=10, content=f.content(TEXT_C))
     late = op(Kind.DELETE, key=5, clock=3, target=history[1].cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [*history, e, later, modify, vote, copy_of_e], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [*history, e, later, modify, vote, copy_of_e], late)
+    assert taken_back == 6
     view = node.view()
     assert view.status(void.cid).outcome == "applied" and view.resolve(b.cid) == later.cid
     record = view.experience(later.cid)
@@ -1156,8 +1157,8 @@ def test_a_take_back_in_a_batch_with_a_later_copy_taking_other_adds_over_is_done
     rival = op(Kind.MODIFY, key=8, clock=7, parents=[z.cid], target=z.cid, content=f.content(TEXT_C))
     void = _merge((b, z), clock=7, parents=[b.cid, z.cid], key=9)  # concurrent with the rival: joins z's component
     late = [op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong"), _add_of(f.SEED_TEXTS[3], 4, 10)]
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify, z, rival, void], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify, z, rival, void], late)
+    assert taken_back == 2
     view = node.view()
     assert (
         view.status(merge.cid).code == "merge.target_deleted"
@@ -1171,8 +1172,8 @@ def test_a_late_delete_of_a_merged_source_whose_merge_was_modified_folds_the_mod
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     modify = op(Kind.MODIFY, key=6, clock=6, parents=[merge.cid], target=merge.cid, content=f.content(TEXT_B))
     late = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify], late)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, modify], late)
+    assert taken_back == 1
     assert node.view().status(merge.cid).code == "merge.target_deleted"
     assert node.view().status(modify.cid).code == "target.not_experience"  # the merge it modified is void
     node.close()
@@ -1185,8 +1186,8 @@ def test_a_late_merge_lists_the_adds_absorbed_into_its_sources_after_it_without_
     before, after = _copy(2, 4), _copy(4, 5)  # near copies of a, absorbed into it on either side of the merge
     vote = op(Kind.VOTE, key=6, clock=4, parents=[b.cid], target=b.cid, vote=1)
     merge = _merge((a, b), clock=3, parents=[a.cid, b.cid], key=7)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, before, after, vote], merge)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, before, after, vote], merge)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).outcome == "applied"
     record = view.experience(merge.cid)
@@ -1202,8 +1203,8 @@ def test_a_late_merge_that_a_void_merge_after_it_names_a_source_of_leaves_it_voi
     modify = op(Kind.MODIFY, key=4, clock=2, parents=[b.cid], target=b.cid, content=f.content(TEXT_B))
     void = _merge((b, c), clock=4, parents=[b.cid, c.cid], key=5)  # concurrent with the modify
     merge = _merge((a, b), clock=3, parents=[a.cid, modify.cid], key=6)  # after the modify
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, c, modify, void], merge)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, c, modify, void], merge)
+    assert taken_back == 0
     view = node.view()
     assert view.status(void.cid).code == "merge.concurrent_modify"
     assert view.status(merge.cid).outcome == "applied" and view.resolve(b.cid) == merge.cid
@@ -1216,8 +1217,8 @@ def test_a_late_merge_void_by_a_modify_of_a_target_after_it_changes_nothing_with
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
     modify = op(Kind.MODIFY, key=4, clock=4, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
     merge = _merge((a, b), clock=3, parents=[a.cid, b.cid], key=6)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, modify], merge)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, modify], merge)
+    assert taken_back == 0
     view = node.view()
     assert view.status(merge.cid).code == "merge.concurrent_modify" and view.experience(merge.cid) is None
     assert view.experience(a.cid).heads == [modify.cid] and view.resolve(b.cid) == b.cid
@@ -1233,8 +1234,8 @@ def test_a_late_merge_of_a_source_an_applied_merge_after_it_took_is_taken_by_tha
     modify = op(Kind.MODIFY, key=7, clock=5, parents=[took.cid], target=took.cid, content=f.content(TEXT_C))
     vote = op(Kind.VOTE, key=8, clock=5, parents=[b.cid], target=b.cid, vote=1)
     merge = _merge((a, b), clock=3, parents=[a.cid, b.cid], key=6)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, c, took, modify, vote], merge)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, c, took, modify, vote], merge)
+    assert taken_back == 2
     view = node.view()
     record = view.experience(took.cid)
     assert record.absorbed == sorted([merge.cid, c.cid]) and record.support == 3 and record.heads == [modify.cid]
@@ -1253,8 +1254,8 @@ def test_a_late_merge_of_an_experience_acted_on_since_through_an_absorbed_add_ta
     fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_C)}
     acting = op(kind, key=5, clock=4, parents=[near_copy.cid], target=near_copy.cid, **fields)
     merge = _merge((a, b), clock=3, parents=[a.cid, b.cid], key=6)
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, near_copy, acting, after], merge)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, near_copy, acting, after], merge)
+    assert taken_back == 2
     view = node.view()
     assert view.status(merge.cid).outcome == "applied" and view.status(acting.cid).experience == merge.cid
     record, source = view.experience(merge.cid), view.experience(a.cid)
@@ -1274,8 +1275,8 @@ def test_another_concurrent_operation_on_a_source_of_a_void_merge_rewords_its_ve
     rival = op(Kind.MODIFY, key=3, clock=6, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
     fields = {"reason": "wrong"} if kind is Kind.DELETE else {"content": f.content(TEXT_C)}
     another = op(kind, key=4, clock=3, target=a.cid, **fields)  # sorts before the rival, first in the verdict
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge, rival], another)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, merge, rival], another)
+    assert taken_back == 0
     status = node.view().status(merge.cid)
     assert status.code == f"merge.concurrent_{kind.value}" and str(another.cid) in status.reason
     node.close()
@@ -1285,8 +1286,8 @@ def test_a_concurrent_modify_of_a_source_of_a_merge_void_by_a_deleted_source_rew
     a, near_copy, b, merge = _a_near_copy_of_a_merged_source()
     delete = op(Kind.DELETE, key=5, clock=3, target=near_copy.cid, reason="wrong")  # a is deleted before the merge
     modify = op(Kind.MODIFY, key=6, clock=4, target=b.cid, content=f.content(TEXT_C))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, delete], modify)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, near_copy, b, merge, delete], modify)
+    assert taken_back == 0
     assert node.view().status(merge.cid).code == "merge.concurrent_modify"
     assert node.view().experience(b.cid).heads == [modify.cid]
     node.close()
@@ -1362,8 +1363,8 @@ def test_a_late_modify_beyond_the_causal_horizon_below_a_merge_of_its_target_doe
     a, b = f.add(), f.add(f.SEED_TEXTS[1], f.author(2))
     merge = _merge((a, b), clock=8, parents=[a.cid, b.cid])
     late = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_B))  # 6 levels below the merge
-    node, refolded = _late_then_all_at_once(tmp_path, [a, b, merge], late, horizon=4)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, b, merge], late, horizon=4)
+    assert taken_back == 0
     assert node.view().status(merge.cid).outcome == "applied"
     assert node.view().experience(a.cid).heads == [late.cid]  # a, where the modify sorts, was not merged yet
     node.close()
@@ -1373,8 +1374,8 @@ def test_a_late_modify_beyond_the_causal_horizon_below_a_head_is_its_ancestor_an
     a = f.add()
     head = op(Kind.MODIFY, key=2, clock=8, parents=[a.cid], target=a.cid, content=f.content(TEXT_B))
     late = op(Kind.MODIFY, key=5, clock=2, target=a.cid, content=f.content(TEXT_C))
-    node, refolded = _late_then_all_at_once(tmp_path, [a, head], late, horizon=4)
-    assert refolded == 0
+    node, taken_back = _late_then_all_at_once(tmp_path, [a, head], late, horizon=4)
+    assert taken_back == 0
     assert node.view().experience(a.cid).heads == [head.cid]
     assert node.view().status(late.cid).outcome == "superseded"  # by the head that descends from it
     node.close()
