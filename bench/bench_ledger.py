@@ -24,7 +24,9 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 where they sort), and a modify and a delete of two such
                 members in one batch; a delete of one an applied merge names (it voids the merge, which
                 is taken back with what acted on it since), then another once the merge is void (its
-                verdict is reworded); a merge of two early roots sorting just after them; medians of 3,
+                verdict is reworded); a modify of another such member and one of a member no merge names
+                in one batch (the merge is undone before either is folded); a merge of two early roots
+                sorting just after them; medians of 3,
                 what one peer can make a node spend; at the last checkpoint, after the other probes, a
                 merge of an early add that a merge took and a new add, sorting just after them (the merge
                 that took the add takes the late one instead)
@@ -194,6 +196,10 @@ class _ComponentProbe:
     late_pair: float | None  # a late modify and a late delete of two such members in one batch
     merge_voided: float | None  # a late delete of an early member an applied merge names (None: none found)
     voided_again: float | None  # then another: the merge is void already
+    #: a late modify of a target of an applied merge (concurrent with it: it voids the merge) and one of an early
+    #: member no merge names, in one batch (None: no merge became void)
+    voided_in_batch: float | None
+    voided_in_batch_refolded: int  # the operations such a batch folds again (median)
     reworded: float | None  # a late delete voiding a merge that void merges name (None: no such merge)
     reworded_refolded: int  # the operations such a delete folds again (median)
 
@@ -277,6 +283,7 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
     named = {m for m in early if any(view.status(merge).outcome is Outcome.APPLIED for merge in merging[m])}
     merges, takeovers, taken, refolded, absorbed, pairs, voided, again = [], [], [], [], [], [], [], []
     late_merges, late_refolded, reworded, reworded_refolded = [], [], [], []
+    voided_in_batch, voided_in_batch_refolded = [], []
     # sources of applied merges that void merges name (98 of the 114 that took adds of the 1M workload's largest
     # component): a delete of one voids its merge, which is undone, and the void merges naming it are reworded
     rewording = _named_by_void_merges(view, members)
@@ -288,6 +295,9 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         key=lambda m: (view.clock(m), m.raw),
     )
     first = (view.clock(early[0]), early[0].raw)  # what a copy must sort before to take the component's copies over
+    # applied merges no merge took, the middle ones by clock: a modify of a target with a clock just above it and no
+    # parents is concurrent with the merge (unless the merge is more than the causal horizon above it) and voids it
+    live_merges = sorted((m for m in roots if view.kind(m) is Kind.MERGE), key=lambda m: (view.clock(m), m.raw))
     in_place: dict[str, list[float]] = {kind: [] for kind in IN_PLACE}
     for round_ in range(3):
         if len(roots) >= 6:
@@ -331,6 +341,19 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
             for attempt, times in enumerate((voided, again)):
                 key = _probe_key(140, 2 * round_ + attempt, probe)
                 times.append(_timed(ledger, _late_on(ledger, "delete", sorted(named)[round_], key)))
+        if len(live_merges) > 6 and len(free) > 15 + round_:
+            merge = live_merges[len(live_merges) // 2 + round_]
+            block, record = view.block(merge), ledger.view().experience(merge)
+            if block is not None and record is not None and record.live:
+                keys = [_probe_key(180, 2 * round_ + number, probe) for number in range(2)]
+                targets = (block.op.targets[0], free[15 + round_])
+                batch = [_late_on(ledger, "modify", target, key) for target, key in zip(targets, keys, strict=True)]
+                before = ledger.refolded
+                seconds = _timed(ledger, *batch)
+                status = ledger.view().status(merge)
+                if status is not None and status.outcome is Outcome.VOID:
+                    voided_in_batch.append(seconds)
+                    voided_in_batch_refolded.append(ledger.refolded - before)
     return _ComponentProbe(
         size,
         statistics.median(merges) if merges else None,
@@ -344,6 +367,8 @@ def _largest_component(ledger: Ledger, probe: int) -> _ComponentProbe:
         statistics.median(pairs) if pairs else None,
         statistics.median(voided) if voided else None,
         statistics.median(again) if again else None,
+        statistics.median(voided_in_batch) if voided_in_batch else None,
+        int(statistics.median(voided_in_batch_refolded)) if voided_in_batch_refolded else 0,
         statistics.median(reworded) if reworded else None,
         int(statistics.median(reworded_refolded)) if reworded_refolded else 0,
     )
@@ -688,6 +713,11 @@ def main(argv: list[str] | None = None) -> int:
         if probe.merge_voided is not None and probe.voided_again is not None:
             voided, again = probe.merge_voided * 1000, probe.voided_again * 1000
             print(f"  {'':16} a delete that voids a merge {voided:,.1f} ms, another once it is void {again:,.1f} ms")
+        if probe.voided_in_batch is not None:
+            print(
+                f"  {'':16} a modify that voids a merge and one of another member in one batch "
+                f"{probe.voided_in_batch * 1000:,.1f} ms (folds {probe.voided_in_batch_refolded:,} operations again)"
+            )
     for (size, *_), regroup in zip(marks, regroups, strict=True):
         if regroup is None:
             print(f"  at {size:>9,} ops: the repeated insight spans too few clocks to split and join it")
