@@ -988,13 +988,14 @@ class Library:
         bottoms: list[bytes],
         rewound: list[bytes],
         now: bytes,
-        merge: bytes | None = None,
+        first: bytes | None = None,
     ) -> tuple[list[bytes], list[bytes]]:
         """Take back the applied merges `bottoms` (none sorting before `start`) and the roots `rewound` to where
         `start` sorts, with what acted on them since, to fold that again; returns the experiences that resolved to
         what they went into and the merges to fold again (whose votes the caller counts again) and the orders of
-        the operations to fold again, in canonical order (`_fold_again`). `merge`: the merge at `start`, which the
-        caller folds first; what names it is folded again too (one folded void that may apply now).
+        the operations to fold again, in canonical order (`_fold_again`). `first`: the operation at `start`, which
+        the caller folds first (a merge folded void that may apply now, or a late add taking adds over); what
+        names it (an add: its F) is folded again too.
 
         What acted on a merge acted on one of the merges from it up to what it went into (its chain: it and the
         merges that took it since): the operations after it whose target (for an add, its F) resolved to one of
@@ -1023,8 +1024,8 @@ class Library:
         joined: dict[bytes, bytes] = {}
         for bottom in bottoms:
             self._take_chain(records, bottom, taken, chains, joined)
-        if merge is not None:
-            taken.add(merge)
+        if first is not None:
+            taken.add(first)
         tree: list[bytes] = []
         for root in sorted({records.resolved(exp_id) for exp_id in [*bottoms, *rewound]} - {None}):
             tree.extend(_tree(records, root))  # type: ignore[arg-type]
@@ -1474,7 +1475,7 @@ class Library:
             txn.put(status_key(cid), _target_deleted().pack())
             return []
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
-        tree, replay = self._unfold(work, component, order, bottoms, rewound, now, merge=cid)
+        tree, replay = self._unfold(work, component, order, bottoms, rewound, now, first=cid)
         work.undone.setdefault(component, []).extend([*tree, cid])
         txn.put(status_key(cid), self._rule(records, cid, op).pack())
         self._fold_again(work, replay, now)
@@ -1644,7 +1645,7 @@ class Library:
         rewound = sorted({self._resolved_at(records, add, order) for add in starts})
         stood = [records.record(exp_id) for exp_id in rewound]
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
-        tree, replay = self._unfold(work, component, order, bottoms, rewound, order, merge=cid)
+        tree, replay = self._unfold(work, component, order, bottoms, rewound, order, first=cid)
         work.undone.setdefault(component, []).extend([*tree, cid])
         work.unfolded.add(cid)
         txn.put(status_key(cid), self._rule(records, cid, op).pack())
