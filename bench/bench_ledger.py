@@ -29,7 +29,8 @@ Figures, all from one run on one stream of operations (bench/workload.py):
                 sorting just after them; medians of 3,
                 what one peer can make a node spend; at the last checkpoint, after the other probes, a
                 merge of an early add that a merge took and a new add, sorting just after them (the merge
-                that took the add takes the late one instead)
+                that took the add takes the late one instead), and a late copy taking adds out of an
+                experience that an applied merge and a delete name (it rewinds what it touches)
   splits and    at each checkpoint, in the repeated insight's experience: a late add near an add absorbed
   joins         into it but not near the insight takes adds out of it, then a late copy of the insight near
                 the experience that add now stands for (with a modify) joins the two (PROTOCOL.md 7.5); the
@@ -57,6 +58,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench.workload import REPEATED, operations
 from ledger.cid import CID
@@ -424,6 +426,77 @@ class _RegroupProbe:
     refolded: int  # the operations all of them folded again
 
 
+def _regrouping_contents(params: NetworkParams) -> dict[str, Experience] | None:
+    """The contents of the repeated insight and of the regrouping texts; None if the model does not place them as
+    the probes need: each X near the insight, each Y near its X and not near the insight."""
+    embedder = embedder_for(params)
+    texts = [REPEATED, *(text for pair in REGROUPING_TEXTS for text in pair)]
+    contents = {
+        text: Experience(text, ("math", "geometry"), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
+        for text, vector in zip(texts, (pack_float16(values) for values in embedder.embed(texts)), strict=True)
+    }
+
+    def near(a: str, b: str) -> bool:
+        threshold = params.near_duplicate_cosine
+        return exact_cosine_exceeds(contents[a].embedding.values, contents[b].embedding.values, threshold)
+
+    if not all(near(REPEATED, x) and near(x, y) and not near(REPEATED, y) for x, y in REGROUPING_TEXTS):
+        return None
+    return contents
+
+
+def _split_named_by_merge_and_delete(ledger: Ledger, probe: int) -> tuple[float, int] | None:
+    """In the largest component, late copies taking adds out of an experience that an applied merge and a delete
+    name, which the in-place takeover refuses (it rewinds what it touches, PROTOCOL.md 7.5). Per round, with its own
+    texts and keys of this probe, at a clock far above the component's: W (the insight's text; a new experience),
+    X near it one clock above, Y near X two above (both absorbed into W), a merge of X and a quiet root of the
+    component (no modify or delete names it), a delete of Y after the merge (it deletes the merged experience), then
+    Y again just below W: it takes X over, and Y with it, into the merge. Median seconds of the last copy and median
+    operations it folds again; None where the model does not place the texts as this needs or no quiet root is
+    left. The last probe of a run."""
+    params = ledger.params
+    contents = _regrouping_contents(params)
+    if contents is None:
+        return None
+    component, _ = _largest(ledger)
+    view = ledger.view()
+    members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
+    quiet = [
+        m
+        for m in members
+        if view.kind(m) is Kind.ADD
+        and (record := view.experience(m)) is not None
+        and record.live
+        and record.alias_of is None
+        and not record.heads
+        and not any(view.kind(named) in (Kind.MODIFY, Kind.DELETE) for named in view.by_target(m))
+    ]
+    top = max(view.clock(m) for m in members)
+
+    def signed(number: int, kind: Kind, at: int, text: str | None, parents: tuple = (), **fields: Any) -> Block:
+        content = contents[text] if text is not None else None
+        late = Operation(kind, "", at, tuple(sorted(parents)), 1_700_000_000, content=content, **fields)
+        return sign(late, _probe_key(230, number, probe))
+
+    times, refolded = [], []
+    for round_, ((x, y), root) in enumerate(zip(REGROUPING_TEXTS, quiet, strict=False)):  # as many as both have
+        clock, first = top + 10 * params.absorption_horizon * (round_ + 1), 6 * round_
+        w, absorbed_x, absorbed_y = (signed(first + n, Kind.ADD, clock + n, t) for n, t in enumerate((REPEATED, x, y)))
+        targets = tuple(sorted((absorbed_x.cid, root), key=lambda cid: cid.raw))
+        merge = signed(first + 3, Kind.MERGE, clock + 3, REPEATED, targets, targets=targets, reason="same insight")
+        delete = signed(first + 4, Kind.DELETE, clock + 4, None, (merge.cid,), target=absorbed_y.cid, reason="wrong")
+        ledger.ingest([block.data for block in (w, absorbed_x, absorbed_y, merge, delete)])
+        copy = signed(first + 5, Kind.ADD, clock - 1, y)
+        before = ledger.refolded
+        seconds = _timed(ledger, copy.data)
+        after = ledger.view()
+        status = after.status(absorbed_x.cid)
+        if status is not None and status.into == copy.cid and after.resolve(copy.cid) == merge.cid:
+            times.append(seconds)
+            refolded.append(ledger.refolded - before)
+    return (statistics.median(times), int(statistics.median(refolded))) if times else None
+
+
 def _splits_and_joins(
     ledger: Ledger, probe: int, region: int, clocks: list[int], *, deleting: bool = False
 ) -> _RegroupProbe | None:
@@ -443,18 +516,8 @@ def _splits_and_joins(
     brings the delete back (its modifies after the delete are void again). The insight's experience stays deleted:
     the last probe of a run."""
     params = ledger.params
-    embedder = embedder_for(params)
-    texts = [REPEATED, *(text for pair in REGROUPING_TEXTS for text in pair)]
-    contents = {
-        text: Experience(text, ("math", "geometry"), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
-        for text, vector in zip(texts, (pack_float16(values) for values in embedder.embed(texts)), strict=True)
-    }
-
-    def near(a: str, b: str) -> bool:
-        threshold = params.near_duplicate_cosine
-        return exact_cosine_exceeds(contents[a].embedding.values, contents[b].embedding.values, threshold)
-
-    if not all(near(REPEATED, x) and near(x, y) and not near(REPEATED, y) for x, y in REGROUPING_TEXTS):
+    contents = _regrouping_contents(params)
+    if contents is None:
         return None
     horizon = params.absorption_horizon
     copied = set(clocks)
@@ -584,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
     regroups: list[_RegroupProbe | None] = []  # per checkpoint: splits and joins of the repeated insight
     deleted: _RegroupProbe | None = None  # at the last checkpoint: the same with a delete of what leaves
     merged_late: tuple[float, int] | None = None  # then late merges of adds merges took: median seconds, refolded
+    named_split: tuple[float, int] | None = None  # then splits of adds an applied merge and a delete name: the same
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
@@ -629,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
                     region += regroups[-1] is not None
                     deleted = _splits_and_joins(ledger, len(regroups), region, sorted(copies), deleting=True)
                     merged_late = _late_merges_of_taken(ledger, len(components))
+                    named_split = _split_named_by_merge_and_delete(ledger, len(components))
             if time.perf_counter() - last_report > 10:
                 last_report = time.perf_counter()
                 print(
@@ -737,6 +802,11 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"  at {marks[-1][0]:>9,} ops: a merge of an early add a merge took and a new add, sorting "
             f"just after them, {merged_late[0] * 1000:,.1f} ms (folds {merged_late[1]:,} operations again)"
+        )
+    if named_split is not None:
+        print(
+            f"  at {marks[-1][0]:>9,} ops: a late copy taking adds out of an experience an applied merge and a delete "
+            f"name, {named_split[0] * 1000:,.1f} ms (folds {named_split[1]:,} operations again)"
         )
     median_batch = statistics.median(batch_times)
     longest = max(range(len(batch_times)), key=batch_times.__getitem__)
