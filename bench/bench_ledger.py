@@ -449,11 +449,11 @@ def _split_named_by_merge_and_delete(ledger: Ledger, probe: int) -> tuple[float,
     """In the largest component, late copies taking adds out of an experience that an applied merge and a delete
     name, which the in-place takeover refuses (it rewinds what it touches, PROTOCOL.md 7.5). Per round, with its own
     texts and keys of this probe, at a clock far above the component's: W (the insight's text; a new experience),
-    X near it one clock above, Y near X two above (both absorbed into W), a merge of X and a quiet root of the
-    component (no modify or delete names it), a delete of Y after the merge (it deletes the merged experience), then
-    Y again just below W: it takes X over, and Y with it, into the merge. Median seconds of the last copy and median
-    operations it folds again; None where the model does not place the texts as this needs or no quiet root is
-    left. The last probe of a run."""
+    X near it one clock above, Y near X two above (both absorbed into W), a merge of X and a live experience of
+    the component on top of the node's heads, a delete of Y after the merge (it deletes the merged experience), then Y
+    again just below W: it takes X over, and Y with it, into the merge. Median seconds of the last copy and median
+    operations it folds again; None where the model does not place the texts as this needs. The last probe of a
+    run."""
     params = ledger.params
     contents = _regrouping_contents(params)
     if contents is None:
@@ -461,16 +461,7 @@ def _split_named_by_merge_and_delete(ledger: Ledger, probe: int) -> tuple[float,
     component, _ = _largest(ledger)
     view = ledger.view()
     members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
-    quiet = [
-        m
-        for m in members
-        if view.kind(m) is Kind.ADD
-        and (record := view.experience(m)) is not None
-        and record.live
-        and record.alias_of is None
-        and not record.heads
-        and not any(view.kind(named) in (Kind.MODIFY, Kind.DELETE) for named in view.by_target(m))
-    ]
+    roots = [m for m in members if (record := view.experience(m)) is not None and record.live]
     top = max(view.clock(m) for m in members)
 
     def signed(number: int, kind: Kind, at: int, text: str | None, parents: tuple = (), **fields: Any) -> Block:
@@ -479,13 +470,15 @@ def _split_named_by_merge_and_delete(ledger: Ledger, probe: int) -> tuple[float,
         return sign(late, _probe_key(230, number, probe))
 
     times, refolded = [], []
-    for round_, ((x, y), root) in enumerate(zip(REGROUPING_TEXTS, quiet, strict=False)):  # as many as both have
+    for round_, ((x, y), root) in enumerate(zip(REGROUPING_TEXTS, roots, strict=False)):  # as many as both have
         clock, first = top + 10 * params.absorption_horizon * (round_ + 1), 6 * round_
         w, absorbed_x, absorbed_y = (signed(first + n, Kind.ADD, clock + n, t) for n, t in enumerate((REPEATED, x, y)))
+        ledger.ingest([w.data, absorbed_x.data, absorbed_y.data])
         targets = tuple(sorted((absorbed_x.cid, root), key=lambda cid: cid.raw))
-        merge = signed(first + 3, Kind.MERGE, clock + 3, REPEATED, targets, targets=targets, reason="same insight")
-        delete = signed(first + 4, Kind.DELETE, clock + 4, None, (merge.cid,), target=absorbed_y.cid, reason="wrong")
-        ledger.ingest([block.data for block in (w, absorbed_x, absorbed_y, merge, delete)])
+        parents, at = ledger.view().parents_and_clock(targets)  # no modify of the root is concurrent with it
+        merge = signed(first + 3, Kind.MERGE, at, REPEATED, parents, targets=targets, reason="same insight")
+        delete = signed(first + 4, Kind.DELETE, at + 1, None, (merge.cid,), target=absorbed_y.cid, reason="wrong")
+        ledger.ingest([merge.data, delete.data])
         copy = signed(first + 5, Kind.ADD, clock - 1, y)
         before = ledger.refolded
         seconds = _timed(ledger, copy.data)

@@ -50,6 +50,9 @@ def test_bench_ledger_runs_with_the_networks_horizon_and_says_when_a_split_does_
     assert re.search(
         r"a merge took and a new add, sorting just after them, [\d.,]+ ms \(folds 1 operations again\)", out
     ), out
+    # and a copy taking adds out of an experience an applied merge and a delete name: it rewinds what it touches (the
+    # merge and what acted on it), not the component
+    assert re.search(r"an applied merge and a delete name, [\d.,]+ ms \(folds \d operations again\)", out), out
 
 
 def test_disk_counts_a_file_with_two_names_once(tmp_path: Path) -> None:
