@@ -217,8 +217,8 @@ def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, se
     order: a late copy takes over the copies after it with what acts on them, and may come with operations after
     it (in its batch, or waiting for it). One that only renames an experience is folded where it sorts
     (`Library._take_over_in_place`), and so is one inside a chain of copies that takes over only copies of its own
-    experience (with a small absorption horizon); others fold the component again; either way the node holds what
-    one that got them all at once holds."""
+    experience (with a small absorption horizon); others rewind what they touch (`Library._take_over_unfolding`);
+    either way the node holds what one that got them all at once holds."""
     rng = random.Random(seed)
     adds = [
         f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 6), content=f.content(rng.choice(_COPIED))), f.author(i))

@@ -1444,7 +1444,7 @@ def test_resolving_many_experiences_at_once_gives_what_resolving_each_gives(tmp_
 
 def test_resolving_follows_aliases_as_a_fold_changes_them(tmp_path):
     """`_Records.resolved` remembers what each alias on a path it walked resolves to: an alias changed since (put
-    back after `edit`, or a record dropped and written again, as a fold again does) gives the new answer."""
+    back after `edit`, or a record dropped and written again, as a take-back does) gives the new answer."""
     node = open_ledger(tmp_path / "node")
     records = _Records(Transaction(node.store), _LargeRecords())
     a, b, c, d = (f.add(text).cid.raw for text in f.SEED_TEXTS[:4])
