@@ -258,7 +258,7 @@ def _converge_in_small_batches(tmp_path_factory, rng: random.Random, arrival: li
 _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 
 
-@pytest.mark.parametrize("by_name", [False, True], ids=["as_sized", "by_name"])
+@pytest.mark.parametrize("mode", ["as_sized", "by_name", "rewinding"])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), absorption=ABSORPTION_HORIZONS)
 # a late copy that takes an add from a root, and a late delete that takes back a merge, in one batch: the root's
@@ -279,16 +279,20 @@ _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 # renamed experience stood for itself again, and the vote on its add stayed counted on the merge
 @example(seed=1551, absorption=2)
 def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_converge(
-    tmp_path_factory, monkeypatch, by_name, seed, absorption
+    tmp_path_factory, monkeypatch, mode, seed, absorption
 ):
     """Late copies near the third of a chain (they take adds out of the first's experience) or near the second
     (they join experiences), with deletes, modifies, merges and votes naming the chain's adds, some acting on
     operations before them, in small batches, the late copies most often last: a delete goes with the adds that
     leave and comes with an experience that joins (`Library._take_over_in_place`), and the node holds what one
     that got them all at once holds. `by_name`: the operations acting on an experience are read from those
-    naming its adds, which components this small would read from their list of operations instead."""
-    if by_name:
+    naming its adds, which components this small would read from their list of operations instead. `rewinding`:
+    every late copy rewinds what it touches (`Library._take_over_unfolding`), as those the in-place rules refuse
+    do: the same state, whichever way a node folds a takeover."""
+    if mode == "by_name":
         monkeypatch.setattr(library, "_READ_BY_NAME", 0)
+    if mode == "rewinding":
+        monkeypatch.setattr(library.Library, "_take_over_in_place", lambda *_: False)
     rng = random.Random(seed)
     chain = [
         f.signed(f.operation(Kind.ADD, clock=clock, content=f.content(_COPIED[text])), f.author(i + 1))
