@@ -1474,6 +1474,17 @@ class Library:
         if any(record is not None and self._first_delete(txn, record) < order for record in stood):
             txn.put(status_key(cid), _target_deleted().pack())
             return []
+        return self._fold_rewinding(work, component, cid, op, order, rewound, now)
+
+    def _fold_rewinding(
+        self, work: _Work, component: bytes, cid: bytes, op: Operation, order: bytes, rewound: list[bytes], now: bytes
+    ) -> list[bytes]:
+        """Fold the late operation `cid` at `order` after rewinding the experiences `rewound` (what it acts on, as
+        they stood there) to that point, with what acted on them since and the merges that took them since
+        (`_unfold`); what was taken back is folded again after it (`now`: the order of the operation being folded).
+        Returns the orders folded again."""
+        records, txn = work.records, work.records.txn
+        stood = [records.record(exp_id) for exp_id in rewound]
         bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
         tree, replay = self._unfold(work, component, order, bottoms, rewound, now, first=cid)
         work.undone.setdefault(component, []).extend([*tree, cid])
@@ -1639,17 +1650,12 @@ class Library:
         costs the operations of the experiences it touches, not its component's: one peer could sign a copy near
         adds that an applied merge and a delete name, or near the first adds of experiences merges took, and make
         a node fold the 1M workload's largest component again (1.8-2.6 s)."""
-        records, txn = work.records, work.records.txn
-        into = txn.get(absorbs_key(cid))
+        records = work.records
+        into = records.txn.get(absorbs_key(cid))
         starts = [add for add, _ in work.takes_over[cid]] + ([into] if into is not None else [])
         rewound = sorted({self._resolved_at(records, add, order) for add in starts})
-        stood = [records.record(exp_id) for exp_id in rewound]
-        bottoms = sorted({record.alias_of.raw for record in stood if record is not None and record.alias_of})
-        tree, replay = self._unfold(work, component, order, bottoms, rewound, order, first=cid)
-        work.undone.setdefault(component, []).extend([*tree, cid])
         work.unfolded.add(cid)
-        txn.put(status_key(cid), self._rule(records, cid, op).pack())
-        self._fold_again(work, replay, order)
+        self._fold_rewinding(work, component, cid, op, order, rewound, order)
 
     def _unfold_joined(
         self, work: _Work, component: bytes, merge: bytes, moving: list[bytes], host: bytes | None, order: bytes
