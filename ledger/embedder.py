@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import math
 import operator
 import re
 from collections.abc import Sequence
@@ -35,7 +34,7 @@ class EmbedderError(LedgerError):
 class Embedder(Protocol):
     """Maps texts to float32 unit vectors of `dim` components; `model_id` names model, backend and precision.
 
-    `directions` gives, per text, an integer vector pointing exactly where the embedding points,
+    `directions` gives, per text, a row of integers (int64) pointing exactly where the embedding points,
     computed without rounding, so that validity checks come out the same on every machine.
     """
 
@@ -44,7 +43,7 @@ class Embedder(Protocol):
 
     def embed(self, texts: Sequence[str]) -> np.ndarray: ...
 
-    def directions(self, texts: Sequence[str]) -> list[list[int]]: ...
+    def directions(self, texts: Sequence[str]) -> np.ndarray: ...
 
 
 class HashingEmbedder:
@@ -83,8 +82,11 @@ class HashingEmbedder:
                 out[row] = (counts / norm).astype(np.float32)
         return out
 
-    def directions(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self._counts(text).tolist() for text in texts]
+    def directions(self, texts: Sequence[str]) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.int64)
+        for row, text in enumerate(texts):
+            out[row] = self._counts(text)
+        return out
 
 
 class WordLlamaEmbedder:
@@ -140,20 +142,24 @@ class WordLlamaEmbedder:
         return path
 
     def _token_ids(self, texts: Sequence[str]) -> list[np.ndarray]:
-        """Each text's token ids: rows of the table (`__init__` checked that every id of the tokenizer is one)."""
-        encodings = self._tokenizer.encode_batch(list(texts), add_special_tokens=False) if texts else []
+        """Each text's token ids: rows of the table (`__init__` checked that every id of the tokenizer is one).
+
+        `encode_batch_fast` gives the same ids without tracking character offsets, in ~60% of the time."""
+        encodings = self._tokenizer.encode_batch_fast(list(texts), add_special_tokens=False) if texts else []
         return [np.asarray(encoding.ids, dtype=np.intp) for encoding in encodings]
 
-    def directions(self, texts: Sequence[str]) -> list[list[int]]:
+    def directions(self, texts: Sequence[str]) -> np.ndarray:
         """The sum of each text's float16 rows, scaled by 2^24: exact integers (|value| < 2^40 per row).
 
         Summed in float64, which is exact: every value of this table is a multiple of 2^-24 below 2^4 in
         magnitude, so a partial sum of fewer than 2^25 tokens (a text has at most 4,096 words) is a multiple of
-        2^-24 below 2^53 of them. ~35% faster than converting each row to integers first."""
-        return [
-            (self._table16[ids].sum(axis=0, dtype=np.float64) * (1 << 24)).astype(np.int64).tolist()
-            for ids in self._token_ids(texts)
-        ]
+        2^-24 below 2^53 of them. The rows are read from the float32 copy of the table (the same values):
+        widening float16 to float64 took half the time of a text's check.
+        """
+        sums = np.zeros((len(texts), self.dim), dtype=np.float64)
+        for row, ids in enumerate(self._token_ids(texts)):
+            np.add.reduce(self._table[ids], axis=0, dtype=np.float64, out=sums[row])
+        return (sums * (1 << 24)).astype(np.int64)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -203,28 +209,41 @@ def unit(vector: np.ndarray) -> np.ndarray:
     return vector / norm if norm else vector
 
 
-def within_distance(values: bytes, direction: list[int], epsilon: Fraction) -> bool:
+def within_distance(values: bytes, direction: Sequence[int] | np.ndarray, epsilon: Fraction) -> bool:
     """Whether the float16 vector `values` lies within L2 distance `epsilon` of the unit vector along
     `direction`, decided exactly with integers (the same verdict on every machine).
 
     With c the float16 values scaled by 2^24 (integers), s the direction, e = p/q:
     |c/2^24 - s/|s||² <= e²  <=>  A·|s| <= B  with  A = C2 + 2^48·(1 - e²) > 0,  B = 2^25·(c·s),
     where C2 = |c|²; squared (both sides positive): (q²C2 + 2^48(q²-p²))²·|s|² <= B²·q⁴.
+    """
+    return within_distances([values], np.asarray([direction], dtype=np.int64), epsilon)[0]
+
+
+def within_distances(values: Sequence[bytes], directions: np.ndarray, epsilon: Fraction) -> list[bool]:
+    """`within_distance` for each vector of `values` and row of `directions` (int64), in one pass.
 
     float64 decides first when the squared distance is clearly on one side (its error is ~1e-13,
     the margin 1e-9): the integers, ~3x slower, only for a vector within the margin of the bound.
     """
-    vector = np.frombuffer(values, dtype="<f2").astype(np.float64)
-    along = np.asarray(direction, dtype=np.float64)
-    length = math.sqrt(float(along @ along))
-    if length > 0:
-        gap = float(np.square(vector - along / length).sum()) - float(epsilon) ** 2
-        if abs(gap) > _FLOAT_MARGIN:
-            return gap < 0
-    return exactly_within_distance(values, direction, epsilon)
+    if not len(values):
+        return []
+    if any(len(vector) != 2 * directions.shape[1] for vector in values) or len(values) != len(directions):
+        raise ValueError(f"{len(values)} vectors and {directions.shape} directions do not pair up")
+    vectors = np.frombuffer(b"".join(values), dtype="<f2").astype(np.float64).reshape(len(values), -1)
+    along = directions.astype(np.float64)  # exact below 2^53, and only a shortcut: the margin covers the rest
+    lengths = np.sqrt(np.einsum("ij,ij->i", along, along))
+    pointing = lengths > 0
+    along[pointing] /= lengths[pointing, None]
+    gaps = np.square(vectors - along).sum(axis=1) - float(epsilon) ** 2
+    clear = pointing & (np.abs(gaps) > _FLOAT_MARGIN)
+    return [
+        bool(gap < 0) if sure else exactly_within_distance(vector, direction.tolist(), epsilon)
+        for gap, sure, vector, direction in zip(gaps, clear, values, directions, strict=True)
+    ]
 
 
-def exactly_within_distance(values: bytes, direction: list[int], epsilon: Fraction) -> bool:
+def exactly_within_distance(values: bytes, direction: Sequence[int], epsilon: Fraction) -> bool:
     """`within_distance` decided by the integers alone (what the float64 shortcut must agree with)."""
     scaled = (np.frombuffer(values, dtype="<f2").astype(np.float64) * (1 << 24)).astype(np.int64).tolist()
     c2 = sum(x * x for x in scaled)

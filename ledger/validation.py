@@ -16,7 +16,7 @@ from fractions import Fraction
 import numpy as np
 
 from ledger.cid import CID
-from ledger.embedder import Embedder, unit, unpack_float16, within_distance
+from ledger.embedder import Embedder, unit, unpack_float16, within_distances
 from ledger.errors import LedgerError
 from ledger.keys import SIGNATURE_LENGTH, IdentityError, public_key_from_did, verify_signature
 from ledger.ops import Block, Experience, Kind, Operation, decode_block
@@ -361,29 +361,25 @@ def check_embeddings(
     """Operations whose embedding is not the network model's embedding of their text (format seed 2), by CID.
 
     A wrong embedding is an attack: it would push an experience into unrelated prompts. The
-    verdict is exact (integer arithmetic), so every node reaches the same one. Texts are embedded
-    `_EMBED_CHUNK` at a time with `pause()` between chunks and between verdicts (reads go first): a
-    batch's texts in one call held the writer for ~50 ms with no point at which a query could go first,
-    and its ~350 verdicts ~17 ms at 1M operations.
+    verdict is exact (integer arithmetic), so every node reaches the same one. Texts are embedded and
+    judged `_EMBED_CHUNK` at a time with `pause()` between chunks (reads go first): a batch's texts in one
+    call held the writer for ~50 ms with no point at which a query could go first.
     """
-    carriers = [block for block in blocks if block.op.content is not None]
-    if not carriers:
-        return {}
-    texts = [block.op.content.text for block in carriers]  # type: ignore[union-attr]
-    directions: list[list[int]] = []
-    for start in range(0, len(texts), _EMBED_CHUNK):
-        pause()
-        directions += embedder.directions(texts[start : start + _EMBED_CHUNK])
+    contents = [(block.cid.raw, block.op.content) for block in blocks if block.op.content is not None]
     epsilon = Fraction(params.embedding_epsilon)
     found = {}
-    for block, direction in zip(carriers, directions, strict=True):
+    for start in range(0, len(contents), _EMBED_CHUNK):
         pause()
-        values = block.op.content.embedding.values  # type: ignore[union-attr]
-        if not within_distance(values, direction, epsilon):
-            distance = float(np.linalg.norm(unpack_float16(values) - unit(np.asarray(direction, dtype=np.float64))))
-            found[block.cid.raw] = ValidationError(
-                "embedding.inconsistent",
-                f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "
-                f"the network allows {params.embedding_epsilon}",
-            )
+        chunk = contents[start : start + _EMBED_CHUNK]
+        directions = embedder.directions([content.text for _, content in chunk])
+        values = [content.embedding.values for _, content in chunk]
+        verdicts = within_distances(values, directions, epsilon)
+        for (cid, content), direction, agrees in zip(chunk, directions, verdicts, strict=True):
+            if not agrees:
+                distance = float(np.linalg.norm(unpack_float16(content.embedding.values) - unit(direction)))
+                found[cid] = ValidationError(
+                    "embedding.inconsistent",
+                    f"content.embedding: {distance:.4f} (L2) from this node's embedding of the text, "
+                    f"the network allows {params.embedding_epsilon}",
+                )
     return found

@@ -22,6 +22,7 @@ from ledger.embedder import (
     unit,
     unpack_float16,
     within_distance,
+    within_distances,
 )
 from ledger.ledger import Ledger
 from ledger.params import NetworkParams, ParamsError
@@ -128,7 +129,7 @@ def test_directions_are_the_exact_sums_of_the_scaled_rows(ids, repeat):
         table, rows
     )
     text = " ".join(model._tokenizer.id_to_token(i) or "" for i in ids[:20])
-    assert model.directions([text]) == [_integer_sum(table, ids) for ids in model._token_ids([text])]
+    assert model.directions([text]).tolist() == [_integer_sum(table, ids) for ids in model._token_ids([text])]
 
 
 @given(
@@ -155,6 +156,39 @@ def test_the_floating_point_shortcut_agrees_with_the_integers_at_the_boundary(di
     offset = unit(np.asarray(noise, dtype=np.float64)) * float(epsilon) * scale
     values = pack_float16((target + offset).astype(np.float32))
     assert within_distance(values, direction, epsilon) == exactly_within_distance(values, direction, epsilon)
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.integers(-(2**40), 2**40), min_size=16, max_size=16),
+            st.lists(st.floats(-1, 1), min_size=16, max_size=16),
+            st.floats(0.0, 2.0),
+        ),
+        max_size=20,
+    )
+)
+def test_a_batch_of_verdicts_is_each_vector_judged_alone(cases):
+    """`within_distances` judges rows in one pass: each verdict is the exact one for that row alone (near the bound,
+    far inside, far outside, and with no direction at all)."""
+    epsilon = Fraction(1, 500)
+    values, directions = [], []
+    for direction, noise, scale in cases:
+        target = unit(np.asarray(direction, dtype=np.float64))
+        offset = unit(np.asarray(noise, dtype=np.float64)) * float(epsilon) * scale
+        values.append(pack_float16((target + offset).astype(np.float32)))
+        directions.append(direction)
+    rows = np.asarray(directions, dtype=np.int64).reshape(len(cases), 16)
+    alone = [
+        exactly_within_distance(vector, direction, epsilon)
+        for vector, direction in zip(values, directions, strict=True)
+    ]
+    assert within_distances(values, rows, epsilon) == alone
+
+
+def test_a_batch_of_verdicts_refuses_vectors_that_do_not_pair_up():
+    with pytest.raises(ValueError, match="do not pair up"):
+        within_distances([b"\x00" * 8, b"\x00" * 6], np.ones((2, 4), dtype=np.int64), Fraction(1, 500))
 
 
 def test_no_direction_only_accepts_a_vector_near_zero():
