@@ -107,6 +107,7 @@ class Ledger:
         store.key_filter = self.key_filter  # from here on every stored key of its tables sets its bits
         self.library = Library(params)
         self.library.drop_bucket_marks(store)
+        self.library.list_outside(store)
         self._write_lock = threading.Lock()
         #: operations taken back and folded again because a late one sorted before them, since start-up
         self.refolded = 0

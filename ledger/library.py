@@ -5,15 +5,15 @@ tallied without regard to order: each author's latest vote counts (§7.7). Every
 belongs to a *component*: experiences linked by absorption (§7.6) and by merges, with
 the operations acting on them. No rule reads outside its component, so a component's records are
 the fold of its own operations in canonical order (Lamport clock, binary CID), and an operation
-that arrives late refolds its component only, not the library (§7.5). One that sorts after
-everything in its component, the usual case, is folded on top.
+that arrives late changes what it touches in its component, not the library (§7.5). One that
+sorts after everything in its component, the usual case, is folded on top.
 
-The library owns its tables (X experiences, D by domain, V statuses, O order, T by target, Y and
-R votes, C/G/Q components, E the add each absorbed add is absorbed into, Z hash buckets, F add
-vectors). Reading takes any `ReadView`; folding writes into the batch's transaction and returns a
-`Fold` of what changed for the vector index, which the ledger publishes after the commit. It keeps
-no per-experience state in memory, but for the decoded forms of a few large records, each checked
-against the bytes it was decoded from before it is used.
+The library owns its tables (X experiences, U their lists too long to keep in them, D by domain,
+V statuses, O order, T by target, Y and R votes, C/G/Q components, E the add each absorbed add is
+absorbed into, Z hash buckets, F add vectors). Reading takes any `ReadView`; folding writes into
+the batch's transaction and returns a `Fold` of what changed for the vector index, which the
+ledger publishes after the commit. It keeps no per-experience state in memory, but for the decoded
+forms of a few large records, each checked against the bytes it was decoded from before it is used.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from fractions import Fraction
 from typing import NamedTuple
 
 from ledger import codec
-from ledger.cid import CID
+from ledger.cid import CID, CID_LENGTH
 from ledger.neardup import band_keys_of_many, exact_cosine_exceeds, exact_cosines_exceed
 from ledger.ops import Experience, Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.priority import NEVER
-from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
+from ledger.records import INLINE_LIST, ExperienceRecord, Life, OpStatus, Outcome, Vote, list_digest
 from ledger.store import (
     ABSORBS,
     BUCKET,
@@ -48,6 +48,8 @@ from ledger.store import (
     COUNTED,
     EXPERIENCE,
     LAST_ADD,
+    LISTED,
+    LISTS_OUTSIDE,
     MEMBER,
     ORDER,
     STATUS,
@@ -55,6 +57,7 @@ from ledger.store import (
     VOTES,
     ReadView,
     Store,
+    StoreError,
     Transaction,
     absorbs_key,
     bucket_key,
@@ -73,6 +76,8 @@ from ledger.store import (
     counted_prefix,
     experience_key,
     head_key,
+    listed_key,
+    listed_prefix,
     member_key,
     member_prefix,
     opmeta_key,
@@ -83,6 +88,7 @@ from ledger.store import (
     parse_by_domain_key,
     parse_by_target_key,
     parse_component_op_key,
+    parse_listed_key,
     parse_member_key,
     parse_ordered_key,
     parse_votes_key,
@@ -117,6 +123,8 @@ _FIRST_ORDER = b""
 _META_CACHE_LIMIT = 20_000
 #: bucket marks deleted per write when a data directory that stored them is opened
 _DROP_CHUNK = 100_000
+#: keys per synced write when long lists move out of the records of a data directory written before the U table
+_MOVE_CHUNK = 100_000
 #: blocks of operations carrying content, cached (cleared when full) as bytes, which the garbage collector does
 #: not track: a retrieval reads ~13 of them, and each LevelDB get lets the GIL go, for a query under ingest a
 #: wait of up to the switch interval to get it back
@@ -125,7 +133,7 @@ _CONTENT_CACHE_LIMIT = 4096
 _PlainMeta = tuple[int, int, tuple[bytes, ...], tuple[bytes, ...]]
 #: the tables the fold writes; a rebuild clears them
 TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP,
-          COMPONENT_SIZE, ABSORBS, BUCKET, VECTOR)  # fmt: skip
+          COMPONENT_SIZE, ABSORBS, BUCKET, VECTOR, LISTED)  # fmt: skip
 _CLEARED = tuple(table for table in TABLES if table != ORDER)  # a rebuild reads the order, and writes it the same
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
@@ -176,13 +184,28 @@ class Fold:
     changed: bool = False  # whether any operation was folded (the library's generation moves on)
 
 
+def _listed_in(view: ReadView) -> Callable[[CID, bytes, bytes], list[CID]]:
+    """What `ExperienceRecord.unpack` calls for a list kept in the U table: it reads the list, in CID order (the
+    order of the record's lists), and checks it against the digest the record holds."""
+
+    def listed(exp_id: CID, tag: bytes, digest: bytes) -> list[CID]:
+        cids = [CID(parse_listed_key(key)) for key, _ in view.scan(listed_prefix(exp_id.raw, tag))]
+        if list_digest(cids) != digest:
+            raise StoreError(
+                "store.corrupt", f"experience {exp_id}: the {len(cids)} ids listed for it ({tag!r}) are not its own"
+            )
+        return cids
+
+    return listed
+
+
 class _LargeRecords:
     """The decoded forms of the largest records the writer read or wrote lately, with the bytes of each.
 
-    A popular experience's record lists thousands of absorbed adds (225 KB for the 1M workload's largest), and
-    nearly every batch absorbs one more: decoding it took 5-9 ms per batch. A kept form is used only if the
-    stored bytes are still the ones it came from, so a failed batch or a rebuild cannot make it stale. The writer
-    alone uses it.
+    A popular experience has thousands of absorbed adds (4,928 for the 1M workload's largest), and nearly every
+    batch absorbs one more: decoding its list took 5-9 ms per batch, reading it from the U table as long. A kept
+    form is used only if the stored bytes are still the ones it came from (they hold the digest of each list kept
+    outside them), so a failed batch or a rebuild cannot make it stale. The writer alone uses it.
     """
 
     MIN_SIZE = 16 * 1024  # bytes: smaller records decode in well under a millisecond
@@ -191,20 +214,19 @@ class _LargeRecords:
     def __init__(self) -> None:
         self._kept: OrderedDict[bytes, tuple[bytes, ExperienceRecord]] = OrderedDict()
 
-    def unpack(self, exp_id: bytes, raw: bytes) -> ExperienceRecord:
-        if len(raw) < self.MIN_SIZE:
-            return ExperienceRecord.unpack(raw)
+    def unpack(self, exp_id: bytes, raw: bytes, view: ReadView) -> ExperienceRecord:
+        """The record stored as `raw` in `view` (which holds the lists it keeps outside it)."""
         found = self._kept.get(exp_id)
         if found is not None and found[0] == raw:
             self._kept.move_to_end(exp_id)
             return found[1].copy()
-        record = ExperienceRecord.unpack(raw)
+        record = ExperienceRecord.unpack(raw, _listed_in(view))
         self.keep(exp_id, raw, record)
         return record
 
     def keep(self, exp_id: bytes, raw: bytes, record: ExperienceRecord) -> None:
         """Remember `record` as the decoded form of `raw` (a copy: the caller may go on changing its own)."""
-        if len(raw) >= self.MIN_SIZE:
+        if len(raw) >= self.MIN_SIZE or record.lists_outside:
             self._kept[exp_id] = (raw, record.copy())
             self._kept.move_to_end(exp_id)
             if len(self._kept) > self.ENTRIES:
@@ -238,6 +260,9 @@ class _Records:
         #: experience -> whether its record as last read or put is an alias, and of what: `put` tells if that
         #: changed (the record put may be the object put or handed out by `edit` before, changed since)
         self._links: dict[bytes, tuple[bool, CID | None]] = {}
+        #: experience -> the entries of the lists its stored record keeps in the U table, where it keeps any there (as
+        #: read, or as this fold last flushed it): `flush` writes what changed
+        self._outside: dict[bytes, set[bytes]] = {}
 
     def get(self, key: bytes) -> bytes | None:
         return self.txn.get(key)
@@ -251,8 +276,10 @@ class _Records:
     def _load(self, exp_id: bytes) -> ExperienceRecord | None:
         if exp_id not in self._current:
             raw = self.txn.get(experience_key(exp_id))
-            self._current[exp_id] = self._large.unpack(exp_id, raw) if raw is not None else None
+            self._current[exp_id] = self._large.unpack(exp_id, raw, self.txn) if raw is not None else None
             self.before[exp_id] = self._current[exp_id]
+            if (loaded := self._current[exp_id]) is not None and loaded.lists_outside:
+                self._outside[exp_id] = loaded.outside()
             if exp_id in self._realiased:
                 before = self.before[exp_id] = self._current[exp_id].copy()  # type: ignore[union-attr]
                 before.alias_of = CID(self._realiased[exp_id])
@@ -327,6 +354,8 @@ class _Records:
         for exp_id in sorted(self._dirty):
             pause()
             found = self._current[exp_id]
+            if exp_id in self._outside or (found is not None and found.lists_outside):
+                self._list_outside(exp_id, found)
             if found is None:
                 self.txn.put(experience_key(exp_id), None)
                 continue
@@ -334,6 +363,17 @@ class _Records:
             self._large.keep(exp_id, raw, found)
             self.txn.put(experience_key(exp_id), raw)
         self._dirty.clear()
+
+    def _list_outside(self, exp_id: bytes, record: ExperienceRecord | None) -> None:
+        """Write the U keys of the lists a record keeps outside it that changed since it was read or flushed."""
+        was = self._outside.pop(exp_id, set())
+        now = record.outside() if record is not None else set()
+        for gone in sorted(was - now):
+            self.txn.delete(listed_key(exp_id, gone))
+        for new in sorted(now - was):
+            self.txn.put(listed_key(exp_id, new), b"")
+        if now:
+            self._outside[exp_id] = now
 
     def resolved(self, exp_id: bytes) -> bytes | None:
         """The experience standing for `exp_id` now (following aliases); None if `exp_id` has no record."""
@@ -533,7 +573,7 @@ class Library:
     @staticmethod
     def record(view: ReadView, exp_id: bytes) -> ExperienceRecord | None:
         raw = view.get(experience_key(exp_id))
-        return ExperienceRecord.unpack(raw) if raw is not None else None
+        return ExperienceRecord.unpack(raw, _listed_in(view)) if raw is not None else None
 
     @staticmethod
     def status(view: ReadView, cid_raw: bytes) -> OpStatus | None:
@@ -569,8 +609,9 @@ class Library:
     @staticmethod
     def experiences(view: ReadView, start: bytes | None = None) -> Iterator[ExperienceRecord]:
         """Every experience record in id order (from id `start` on)."""
+        listed = _listed_in(view)
         for _, raw in view.scan(EXPERIENCE, experience_key(start) if start else None):
-            yield ExperienceRecord.unpack(raw)
+            yield ExperienceRecord.unpack(raw, listed)
 
     @staticmethod
     def in_domain(view: ReadView, domain: str, *, subdomains: bool) -> Iterator[bytes]:
@@ -595,10 +636,12 @@ class Library:
         return {parse_votes_key(key)[1]: Vote.unpack(raw) for key, raw in view.scan(votes_prefix(exp_id))}
 
     def snapshot(self, view: ReadView) -> bytes:
-        """Every experience record, operation status and vote: equal bytes, equal library."""
+        """Every experience record (and list kept outside one), operation status and vote: equal bytes, equal
+        library."""
         return codec.encode(
             {
                 "experiences": [raw for _, raw in view.scan(EXPERIENCE)],
+                "listed": [key for key, _ in view.scan(LISTED)],
                 "statuses": [[CID(cid_of_key(key)), raw] for key, raw in view.scan(STATUS)],
                 "votes": [[key, raw] for key, raw in view.scan(VOTES)],
                 "counted": [[key, raw] for key, raw in view.scan(COUNTED)],
@@ -667,6 +710,35 @@ class Library:
         store.write({BUCKETS_MARKED: None})
         store.compact(BUCKET_MARK)
         log.info("%s: dropped %d bucket marks: the key filter holds them", store.path, dropped)
+
+    @staticmethod
+    def list_outside(store: Store) -> None:
+        """Move the long lists of records written before the U table held them there, once per data directory (at
+        open; the bytes of such a record change, nothing it says does).
+
+        Records are rewritten with their U keys in synced chunks, and the directory is marked done after the last;
+        an interrupted move goes on at the next open (a record moved already packs as it is stored).
+        """
+        if store.get(LISTS_OUTSIDE) is not None:
+            return
+        moved, writes = 0, {}
+        listed = _listed_in(store)
+        for key, raw in store.scan(EXPERIENCE):
+            if len(raw) <= INLINE_LIST * CID_LENGTH:  # too short to hold a list longer than a record keeps itself
+                continue
+            record = ExperienceRecord.unpack(raw, listed)
+            if (packed := record.pack()) == raw:
+                continue
+            writes[key] = packed
+            writes.update((listed_key(record.id.raw, entry), b"") for entry in record.outside())
+            moved += 1
+            if len(writes) >= _MOVE_CHUNK:
+                store.write(writes)
+                writes = {}
+                log.info("%s: moved the long lists of %d records into their own table", store.path, moved)
+        store.write({**writes, LISTS_OUTSIDE: b""})
+        if moved:
+            log.info("%s: the long lists of %d records are in their own table", store.path, moved)
 
     @staticmethod
     def clear(store: Store) -> None:
@@ -2312,11 +2384,13 @@ def _count_if_later(records: _Records, root: bytes, author: str, vote: Vote) -> 
     counted = Vote.unpack(counted_raw) if counted_raw is not None else None
     if counted is not None and not vote.later_than(counted):
         return
+    records.txn.put(counted_key(root, author), vote.pack())
+    if counted is not None and counted.value == vote.value:
+        return  # the same counts: the record (hundreds of bytes, every compaction rewrites them) stays as it is
     record = records.edit(root)
     assert record is not None
     _count(record, counted, -1)
     _count(record, vote, +1)
-    records.txn.put(counted_key(root, author), vote.pack())
     records.put(record)
 
 

@@ -43,7 +43,7 @@ FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
 # the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
-# T, Y, R, C, G, Q, J, E, Z, F and META last_add (I names bucket marks, which only the key filter holds).
+# T, Y, R, C, G, Q, J, E, Z, F, U and META last_add (I names bucket marks, which only the key filter holds).
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -69,15 +69,18 @@ BUCKET = b"Z"  # Z band number, band hash, u64 anchor clock, order -> "" (locali
 BUCKET_MARK = b"I"  # I band number, band hash: the bucket holds an add (a key of the key filter alone, in no table)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
 VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
+LISTED = b"U"  # U experience id, list tag, cid -> "" (a record's list of absorbed ids or deletes too long for it)
 
 U64 = struct.Struct(">Q")
 _MAX_U64 = (1 << 64) - 1
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
-_SCANNABLE = frozenset(tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, BUCKET))
+_SCANNABLE = frozenset(
+    tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, BUCKET, LISTED)
+)
 #: key bytes that name the group a transaction keeps a table's written keys sorted in, where not the tag alone:
 #: a batch writes ~8,000 bucket keys at 1M, and inserting each into one sorted list took ~11 us per operation,
 #: but a transaction scans one bucket at a time
-_GROUP_LENGTH = {BUCKET[0]: 1 + BAND_KEY_SIZE}
+_GROUP_LENGTH = {BUCKET[0]: 1 + BAND_KEY_SIZE, LISTED[0]: 1 + CID_LENGTH}
 #: up to this many of a transaction's writes in a range, `Transaction.items` puts each into the stored pairs
 _FEW_WRITES = 64
 
@@ -89,6 +92,8 @@ NETWORK = META + b"network"  # the network parameters the directory was created 
 LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
 REBUILDING = META + b"rebuilding"  # a library rebuild has begun and not ended: the next open starts it again
 BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it existed; dropped with it
+#: every record keeps at most `records.INLINE_LIST` ids per list itself (longer lists are in the U table)
+LISTS_OUTSIDE = META + b"lists_outside"
 BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
 #: blocks moved into the block files (bucket keys rewritten) per synced write while a database is upgraded
 _UPGRADE_CHUNK = 100_000
@@ -279,6 +284,21 @@ def parse_component_op_key(key: bytes) -> bytes:
 
 def absorbs_key(add: bytes) -> bytes:
     return ABSORBS + add
+
+
+def listed_prefix(exp_id: bytes, tag: bytes = b"") -> bytes:
+    """`tag`: which of the record's lists (`records.ExperienceRecord.outside`); all of them if empty."""
+    return LISTED + exp_id + tag
+
+
+def listed_key(exp_id: bytes, entry: bytes) -> bytes:
+    """`entry`: a list's tag byte, then an id (`records.ExperienceRecord.outside`)."""
+    return LISTED + exp_id + entry
+
+
+def parse_listed_key(key: bytes) -> bytes:
+    """The id of a LISTED key."""
+    return key[2 + CID_LENGTH :]
 
 
 def component_size_key(component: bytes) -> bytes:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ledger import library
+from ledger import library, records
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
@@ -210,15 +210,21 @@ def test_copies_at_any_clocks_in_any_order_converge_and_their_bucket_anchors_bou
     at_once.close()
 
 
+@pytest.mark.parametrize("listed", ["inline", "outside"])
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 8), absorption=ABSORPTION_HORIZONS)
-def test_copies_and_what_acts_on_them_converge_in_any_order(tmp_path_factory, seed, size, absorption):
+def test_copies_and_what_acts_on_them_converge_in_any_order(
+    tmp_path_factory, monkeypatch, listed, seed, size, absorption
+):
     """Copies at random clocks with modifies, deletes, votes and merges naming them, in small batches in a random
     order: a late copy takes over the copies after it with what acts on them, and may come with operations after
     it (in its batch, or waiting for it). One that only renames an experience is folded where it sorts
     (`Library._take_over_in_place`), and so is one inside a chain of copies that takes over only copies of its own
     experience (with a small absorption horizon); others rewind what they touch (`Library._take_over_unfolding`);
-    either way the node holds what one that got them all at once holds."""
+    either way the node holds what one that got them all at once holds. `outside`: every record keeps its lists of
+    absorbed ids and deletes in the U table (what only long lists do), which a fold changes by what it changed."""
+    if listed == "outside":
+        monkeypatch.setattr(records, "INLINE_LIST", 0)
     rng = random.Random(seed)
     adds = [
         f.signed(f.operation(Kind.ADD, clock=rng.randint(1, 6), content=f.content(rng.choice(_COPIED))), f.author(i))
@@ -258,7 +264,7 @@ def _converge_in_small_batches(tmp_path_factory, rng: random.Random, arrival: li
 _SPLIT_CHAIN = ((2, 3), (3, 4), (0, 5))
 
 
-@pytest.mark.parametrize("mode", ["as_sized", "by_name", "rewinding"])
+@pytest.mark.parametrize("mode", ["as_sized", "by_name", "rewinding", "listed_outside"])
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), absorption=ABSORPTION_HORIZONS)
 # a late copy that takes an add from a root, and a late delete that takes back a merge, in one batch: the root's
@@ -288,7 +294,10 @@ def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_conv
     that got them all at once holds. `by_name`: the operations acting on an experience are read from those
     naming its adds, which components this small would read from their list of operations instead. `rewinding`:
     every late copy rewinds what it touches (`Library._take_over_unfolding`), as those the in-place rules refuse
-    do: the same state, whichever way a node folds a takeover."""
+    do: the same state, whichever way a node folds a takeover. `listed_outside`: every record keeps its lists of
+    absorbed ids and deletes in the U table."""
+    if mode == "listed_outside":
+        monkeypatch.setattr(records, "INLINE_LIST", 0)
     if mode == "by_name":
         monkeypatch.setattr(library, "_READ_BY_NAME", 0)
     if mode == "rewinding":

@@ -12,14 +12,26 @@ from hypothesis import strategies as st
 
 from bench.workload import operations
 from ledger import codec
+from ledger import records as records_module
 from ledger.cid import CID
 from ledger.embedder import pack_float16
 from ledger.ledger import DB_DIR
 from ledger.library import _LargeRecords, _Records
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
-from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
-from ledger.store import COMPONENT_OP, EXPERIENCE, NETWORK, Store, StoreError, Transaction, experience_key
+from ledger.records import INLINE_LIST, ExperienceRecord, Life, OpStatus, Outcome, list_digest
+from ledger.store import (
+    COMPONENT_OP,
+    EXPERIENCE,
+    LISTS_OUTSIDE,
+    NETWORK,
+    Store,
+    StoreError,
+    Transaction,
+    experience_key,
+    listed_key,
+    listed_prefix,
+)
 from tests import factories as f
 from tests.ledgers import converged_state, open_ledger, random_history
 
@@ -325,13 +337,18 @@ def test_an_alias_made_an_alias_of_another_add_in_its_stored_form_is_the_record_
 _TEXTS = st.text(max_size=40)
 _COUNTS = st.integers(0, 2**64 - 1)
 _CIDS = st.lists(st.binary(min_size=1, max_size=4).map(CID.for_block), max_size=30)
+_LISTS = st.lists(st.binary(min_size=1, max_size=4).map(CID.for_block), max_size=2 * INLINE_LIST).map(
+    lambda cids: sorted(set(cids), key=lambda cid: cid.raw)
+)
 
 
 @given(
-    st.tuples(_CIDS, _TEXTS, _COUNTS, st.sampled_from(Life), st.booleans(), _CIDS, _TEXTS, _COUNTS, _CIDS, _CIDS),
+    st.tuples(_CIDS, _TEXTS, _COUNTS, st.sampled_from(Life), st.booleans(), _CIDS, _TEXTS, _COUNTS, _LISTS, _LISTS),
     st.tuples(_COUNTS, _COUNTS),
 )
 def test_a_record_assembled_field_by_field_packs_as_its_fields_do(fields, votes):
+    """A record packs as `codec.pack` of its fields, with the SHA-256 of a list (absorbed ids, deletes) too long to
+    keep in it in the list's place; unpacking reads such a list from outside."""
     ids, creator, clock, life, aliased, heads, domain, support, absorbed, deleted_by = fields
     exp_id = CID.for_block(b"id")
     alias_of = CID.for_block(b"alias") if aliased else None
@@ -339,28 +356,54 @@ def test_a_record_assembled_field_by_field_packs_as_its_fields_do(fields, votes)
         exp_id, creator, clock, life, alias_of, ids[0] if ids else exp_id, heads, domain, support, absorbed,
         deleted_by, *votes,
     )  # fmt: skip
-    fields = [exp_id, creator, clock, life.value, alias_of, record.version, heads, domain, support, absorbed]
-    assert record.pack() == codec.pack([*fields, deleted_by, *votes])
-    assert ExperienceRecord.unpack(record.pack()) == record
+    lists = {b"a": absorbed, b"d": deleted_by}
+    outside = [(exp_id, tag, list_digest(cids)) for tag, cids in lists.items() if len(cids) > INLINE_LIST]
+    kept = [cids if len(cids) <= INLINE_LIST else list_digest(cids) for cids in lists.values()]
+    fields = [exp_id, creator, clock, life.value, alias_of, record.version, heads, domain, support]
+    assert record.pack() == codec.pack([*fields, *kept, *votes])
+    asked = []
+
+    def listed(owner: CID, tag: bytes, digest: bytes) -> list[CID]:
+        asked.append((owner, tag, digest))
+        return lists[tag]
+
+    assert ExperienceRecord.unpack(record.pack(), listed) == record
+    assert asked == outside
+    assert record.outside() == {tag + cid.raw for _, tag, _ in outside for cid in lists[tag]}
+    if outside:
+        with pytest.raises(ValueError, match="kept outside"):
+            ExperienceRecord.unpack(record.pack())
 
 
-def test_a_large_record_kept_decoded_is_used_only_for_its_own_bytes():
-    many = [CID.for_block(i.to_bytes(2, "big")) for i in range(600)]
+def test_a_large_record_kept_decoded_is_used_only_for_its_own_bytes(tmp_path):
+    """A record whose absorbed list is kept outside it is read once while its bytes stay the same; other bytes (a
+    batch that failed) are decoded and their list read again, and a list that is not the record's is refused."""
+    node = open_ledger(tmp_path / "node")
+    many = sorted((CID.for_block(i.to_bytes(2, "big")) for i in range(600)), key=lambda cid: cid.raw)
     record = ExperienceRecord(many[0], f.author(1).did, 1, Life.LIVE, None, many[0], [], "math", 600, many)
     raw = record.pack()
-    assert len(raw) >= _LargeRecords.MIN_SIZE
+    assert len(raw) < 1024 and record.lists_outside
+    listed = {listed_key(record.id.raw, b"a" + cid.raw): b"" for cid in many}
+    node.store.write(listed)
     kept = _LargeRecords()
-    first = kept.unpack(record.id.raw, raw)
+    first = kept.unpack(record.id.raw, raw, node.store)
     first.absorbed.pop()  # the caller changes its own copy
-    assert kept.unpack(record.id.raw, raw) == record
+    node.store.write(dict.fromkeys(list(listed)[:1]))  # one id gone: only reading the list again would notice
+    assert kept.unpack(record.id.raw, raw, node.store) == record
     changed = record.copy()
     changed.support = 601
-    assert kept.unpack(record.id.raw, changed.pack()) == changed  # other bytes (a batch that failed): decoded
-    assert kept.unpack(record.id.raw, raw) == record
+    with pytest.raises(StoreError, match=r"ids listed for it .* are not its own") as refused:
+        kept.unpack(record.id.raw, changed.pack(), node.store)
+    assert refused.value.code == "store.corrupt"
+    node.store.write(listed)
+    assert kept.unpack(record.id.raw, changed.pack(), node.store) == changed
+    assert kept.unpack(record.id.raw, raw, node.store) == record
+    node.close()
 
 
 def test_hundreds_of_copies_folded_batch_by_batch_hold_what_a_node_given_them_at_once_holds(tmp_path):
-    """The copies' record outgrows `_LargeRecords.MIN_SIZE`: later batches use its kept decoded form."""
+    """The copies' absorbed list moves out of their record into the U table as it outgrows `INLINE_LIST`
+    (later batches use the record's kept decoded form); a rebuild writes the same."""
     copies = [
         f.signed(f.operation(Kind.ADD, clock=1 + i // 200, content=f.content()), f.author(10 + i % 200))
         for i in range(480)
@@ -373,13 +416,45 @@ def test_hundreds_of_copies_folded_batch_by_batch_hold_what_a_node_given_them_at
     at_once.ingest([b.data for b in reversed(blocks)])
     first = min(copies, key=lambda block: (block.op.clock, block.cid.raw))
     raw = batched.store.get(experience_key(first.cid.raw))
-    assert raw is not None and len(raw) >= _LargeRecords.MIN_SIZE
+    assert raw is not None and len(raw) < 1024
+    assert len(list(batched.store.scan(listed_prefix(first.cid.raw, b"a")))) == 479
     assert batched.view().experience(first.cid).support == 480
     assert converged_state(batched) == converged_state(at_once)
     batched.rebuild_library()
     assert converged_state(batched) == converged_state(at_once)
     batched.close()
     at_once.close()
+
+
+@pytest.mark.parametrize("moved_before", [False, True], ids=["listed-inline", "interrupted-after-moving"])
+def test_a_directory_whose_records_keep_long_lists_moves_them_out_once(tmp_path, monkeypatch, moved_before):
+    """A record written before long lists (absorbed ids, deletes) moved to the U table is moved at the next open
+    (and a move interrupted after it is finished without rewriting it): the same bytes as a record written now,
+    the same state."""
+    copies = [f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(10 + i)) for i in range(60)]
+    first = min(copies, key=lambda block: block.cid.raw).cid
+    deletes = [op(Kind.DELETE, key=100 + i, clock=2, parents=[first], target=first, reason="wrong") for i in range(40)]
+    node = open_ledger(tmp_path / "node")
+    node.ingest([block.data for block in [*copies, *deletes]])
+    state, stored = converged_state(node), node.store.get(experience_key(first.raw))
+    listed = [key for key, _ in node.store.scan(listed_prefix(first.raw))]
+    assert len(listed) == 59 + 40 and stored is not None and len(stored) < 1024
+    record = ExperienceRecord.unpack(stored, lambda _, tag, __: [CID(key[-36:]) for key in listed if key[37:38] == tag])
+    assert len(record.absorbed) == 59 and len(record.deleted_by) == 40
+    undone: dict[bytes, bytes | None] = {LISTS_OUTSIDE: None}
+    if not moved_before:
+        with monkeypatch.context() as patched:
+            patched.setattr(records_module, "INLINE_LIST", 1000)
+            undone[experience_key(first.raw)] = record.pack()
+        undone.update(dict.fromkeys(listed))
+    node.store.write(undone)
+    node.close()
+    reopened = open_ledger(tmp_path / "node")
+    assert reopened.store.get(experience_key(first.raw)) == stored
+    assert [key for key, _ in reopened.store.scan(listed_prefix(first.raw))] == listed
+    assert reopened.store.get(LISTS_OUTSIDE) is not None
+    assert converged_state(reopened) == state
+    reopened.close()
 
 
 def test_a_late_copy_sorting_first_takes_over_a_deleted_experience_and_its_votes_in_place(tmp_path):
