@@ -108,6 +108,7 @@ class Ledger:
         self.library = Library(params)
         self.library.drop_bucket_marks(store)
         self.library.list_outside(store)
+        self.library.drop_vectors(store)
         self._write_lock = threading.Lock()
         #: operations taken back and folded again because a late one sorted before them, since start-up
         self.refolded = 0

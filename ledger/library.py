@@ -10,7 +10,7 @@ sorts after everything in its component, the usual case, is folded on top.
 
 The library owns its tables (X experiences, U their lists too long to keep in them, D by domain,
 V statuses, O order, T by target, Y and R votes, C/G/Q components, E the add each absorbed add is
-absorbed into, Z hash buckets, F add vectors). Reading takes any `ReadView`; folding writes into
+absorbed into, Z hash buckets). Reading takes any `ReadView`; folding writes into
 the batch's transaction and returns a `Fold` of what changed for the vector index, which the
 ledger publishes after the commit. It keeps no per-experience state in memory, but for the decoded
 forms of a few large records, each checked against the bytes it was decoded from before it is used.
@@ -95,7 +95,6 @@ from ledger.store import (
     read_u64,
     status_key,
     u64,
-    vector_key,
     votes_key,
     votes_prefix,
 )
@@ -133,7 +132,7 @@ _CONTENT_CACHE_LIMIT = 4096
 _PlainMeta = tuple[int, int, tuple[bytes, ...], tuple[bytes, ...]]
 #: the tables the fold writes; a rebuild clears them
 TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP,
-          COMPONENT_SIZE, ABSORBS, BUCKET, VECTOR, LISTED)  # fmt: skip
+          COMPONENT_SIZE, ABSORBS, BUCKET, LISTED)  # fmt: skip
 _CLEARED = tuple(table for table in TABLES if table != ORDER)  # a rebuild reads the order, and writes it the same
 _CREATES = (Kind.ADD, Kind.MERGE)  # the kinds whose CID names an experience
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
@@ -597,6 +596,12 @@ class Library:
         assert op.content is not None
         return op.content
 
+    def _vector(self, view: ReadView, add: bytes) -> bytes:
+        """An add's float16 embedding, from its operation. The fold reads one rarely (112 times in 10,000 operations
+        after 1M: most hash buckets are empty), where keeping every add's vector in a table of its own was 8% of
+        the bytes written, which LevelDB's compaction writes again and again."""
+        return self.content(view, add).embedding.values
+
     def resolve(self, view: ReadView, exp_id: bytes) -> bytes:
         """Follow aliases (merged or absorbed experiences) to the experience that stands for them."""
         record = self.record(view, exp_id)
@@ -710,6 +715,15 @@ class Library:
         store.write({BUCKETS_MARKED: None})
         store.compact(BUCKET_MARK)
         log.info("%s: dropped %d bucket marks: the key filter holds them", store.path, dropped)
+
+    @staticmethod
+    def drop_vectors(store: Store) -> None:
+        """Delete the vectors of adds (F) a data directory written before the fold read them from the operations
+        holds, in chunks (`_delete_table`), then compact them away; an interrupted drop goes on at the next open."""
+        dropped = _delete_table(store, VECTOR, "vectors of adds")
+        if dropped:
+            store.compact(VECTOR)
+            log.info("%s: dropped %d vectors of adds: the fold reads them from the operations", store.path, dropped)
 
     @staticmethod
     def list_outside(store: Store) -> None:
@@ -868,8 +882,7 @@ class Library:
 
         def near(other: bytes) -> bool:
             if other not in verdicts:
-                raw = txn.get(vector_key(order_cid(other)))
-                verdicts[other] = raw is not None and exact_cosine_exceeds(values, raw, threshold)
+                verdicts[other] = exact_cosine_exceeds(values, self._vector(txn, order_cid(other)), threshold)
             return verdicts[other]
 
         earliest: bytes | None = None
@@ -903,7 +916,6 @@ class Library:
                 following.update(other for key in keys if (other := key[anchored:]) < highest)
         for band in bands:
             txn.put(bucket_key(band, order, earliest or order), b"")
-        txn.put(vector_key(cid), values)
         into = order_cid(earliest) if earliest is not None else None
         if into is not None:
             txn.put(absorbs_key(cid), into)
@@ -916,9 +928,8 @@ class Library:
             if current is None or self._order(txn, current) > order:
                 candidates.append((other, current))
         untested = [other for other, _ in candidates if other not in verdicts]
-        stored = [(other, raw) for other in untested if (raw := txn.get(vector_key(order_cid(other)))) is not None]
-        tested = exact_cosines_exceed(values, [raw for _, raw in stored], threshold)
-        verdicts.update(zip([other for other, _ in stored], tested, strict=True))
+        tested = exact_cosines_exceed(values, [self._vector(txn, order_cid(other)) for other in untested], threshold)
+        verdicts.update(zip(untested, tested, strict=True))
         taken = []
         for other, current in candidates:
             if verdicts.get(other, False):
@@ -1951,7 +1962,7 @@ class Library:
             order = self._order(txn, parent)
             clock = read_u64(order[:8])
             bands = band_keys_of_many(
-                [txn.get(vector_key(parent))], self._params.embedding_model, self._params.embedding_dim
+                [self._vector(txn, parent)], self._params.embedding_model, self._params.embedding_dim
             )[0]
             used = [
                 band

@@ -43,7 +43,7 @@ FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
 # the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
-# T, Y, R, C, G, Q, J, E, Z, F, U and META last_add (I names bucket marks, which only the key filter holds).
+# T, Y, R, C, G, Q, J, E, Z, U and META last_add (I names bucket marks, which only the key filter holds).
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
 SEQ = b"S"  # S cid -> u64 position in the local log
@@ -68,7 +68,7 @@ ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earl
 BUCKET = b"Z"  # Z band number, band hash, u64 anchor clock, order -> "" (locality-sensitive hash buckets of adds)
 BUCKET_MARK = b"I"  # I band number, band hash: the bucket holds an add (a key of the key filter alone, in no table)
 COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
-VECTOR = b"F"  # F add cid -> its float16 embedding (near-duplicate candidates are checked against it)
+VECTOR = b"F"  # F add cid -> its float16 embedding: written by earlier versions, deleted at open
 LISTED = b"U"  # U experience id, list tag, cid -> "" (a record's list of absorbed ids or deletes too long for it)
 
 U64 = struct.Struct(">Q")
@@ -324,10 +324,6 @@ def bucket_mark_key(band: bytes) -> bytes:
 def parse_bucket_key(key: bytes, band: bytes) -> bytes:
     """The order (clock, CID) of an add in the bucket `band`."""
     return key[1 + len(band) + 8 :]
-
-
-def vector_key(add: bytes) -> bytes:
-    return VECTOR + add
 
 
 def join_cids(cids: list[bytes]) -> bytes:

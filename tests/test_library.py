@@ -25,6 +25,7 @@ from ledger.store import (
     EXPERIENCE,
     LISTS_OUTSIDE,
     NETWORK,
+    VECTOR,
     Store,
     StoreError,
     Transaction,
@@ -454,6 +455,25 @@ def test_a_directory_whose_records_keep_long_lists_moves_them_out_once(tmp_path,
     assert [key for key, _ in reopened.store.scan(listed_prefix(first.raw))] == listed
     assert reopened.store.get(LISTS_OUTSIDE) is not None
     assert converged_state(reopened) == state
+    reopened.close()
+
+
+def test_a_directory_holding_vectors_of_adds_drops_them_at_open(tmp_path):
+    """The vectors of adds (F) that earlier versions kept beside their operations are deleted at the next open:
+    the fold reads a candidate's vector from its operation, and the library is unchanged."""
+    copies = [f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(10 + i)) for i in range(5)]
+    node = open_ledger(tmp_path / "node")
+    node.ingest([block.data for block in copies])
+    state = converged_state(node)
+    node.store.write({VECTOR + block.cid.raw: block.op.content.embedding.values for block in copies})
+    node.close()
+    reopened = open_ledger(tmp_path / "node")
+    assert list(reopened.store.scan(VECTOR)) == []
+    assert converged_state(reopened) == state
+    late = f.signed(f.operation(Kind.ADD, clock=1, content=f.content()), f.author(9))
+    reopened.ingest([late.data])
+    assert {reopened.view().status(block.cid).outcome for block in [*copies, late]} <= {"applied", "absorbed"}
+    assert sum(reopened.view().status(block.cid).outcome == "applied" for block in [*copies, late]) == 1
     reopened.close()
 
 
