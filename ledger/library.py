@@ -1004,10 +1004,10 @@ class Library:
         elif changed or (took_over and taken_back is not None):
             # after take-backs only their trees resolve elsewhere (and to where they did); other late operations
             # changed other roots
-            trees = taken_back
-            if trees is None or not set(changed) <= set(trees) or took_over:
-                trees = self._members(txn, component)
-            self._tally(work, trees, touched)
+            if taken_back is not None and set(changed) <= set(taken_back) and not took_over:
+                self._tally(work, taken_back, touched)
+            else:
+                self._tally(work, self._members(txn, component), touched)
 
     @staticmethod
     def _late(txn: Transaction, component: bytes, placed: list[bytes], new: set[bytes]) -> list[bytes]:
