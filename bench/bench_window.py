@@ -13,7 +13,7 @@ operation in every version, so the machine's speed, which moves by tens of perce
 here, cancels out. `--keep DIR` keeps the filled directory (before the window); `--start-from DIR`
 starts each run from a copy of such a directory instead of filling (at 1M operations filling takes
 ~10 minutes, the copy seconds), so versions can be run in turn on the same data.
-This is the tool behind the figures of README "The ledger at scale".
+This is the tool behind the figures of bench/RESULTS.md "The ledger at scale".
 """
 
 from __future__ import annotations
