@@ -12,10 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import queue
+import random
 import re
 import shutil
+import string
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -25,6 +28,8 @@ from typing import Any
 import pytest
 
 from ledger.embedder import embedder_for, pack_float16
+from ledger.keys import AuthorKey
+from ledger.ops import Embedding, Example, Experience, Kind, Operation, decode_block, sign
 from ledger.params import NetworkParams
 from tests.daemons import Daemon
 from tests.test_network import Network, add, addr, converged, has, network, peer_id, wait_until
@@ -62,10 +67,12 @@ def js_packages() -> Path:
 
 
 class JsPeer:
-    """The JS peer as a process: its JSON events read by a thread into a queue, commands written to its stdin."""
+    """The JS peer as a process: its JSON events read by a thread into a queue (and a file, to read after a
+    failure), commands written to its stdin."""
 
-    def __init__(self, process: subprocess.Popen[str]) -> None:
+    def __init__(self, process: subprocess.Popen[str], transcript: Path) -> None:
         self.process = process
+        self.transcript = transcript
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -73,9 +80,12 @@ class JsPeer:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            if line.startswith("{"):
-                self.events.put(json.loads(line))
+        with open(self.transcript, "w") as transcript:
+            for line in self.process.stdout:
+                transcript.write(line)
+                transcript.flush()
+                if line.startswith("{"):
+                    self.events.put(json.loads(line))
 
     def send(self, command: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -108,13 +118,14 @@ class JsPeer:
 
 
 @contextmanager
-def js_peer(folder: Path, network_id: str, connect: list[str], log: Path) -> Iterator[JsPeer]:
+def js_peer(folder: Path, network_id: str, connect: list[str], logs: Path) -> Iterator[JsPeer]:
+    """The JS peer dialling `connect`; its stdout and stderr are kept in `logs`."""
     argv = [str(NODE), str(folder / "peer.mjs"), "--network", network_id]
     for address in connect:
         argv += ["--connect", address]
-    with open(log, "w") as stderr:
+    with open(logs / "js-peer.stderr", "w") as stderr:
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    peer = JsPeer(process)
+    peer = JsPeer(process, logs / "js-peer.events")
     try:
         yield peer
     finally:
@@ -156,50 +167,140 @@ def js_peer_record(node: Daemon, js_id: str) -> dict[str, Any] | None:
     return next((p for p in node.call("peers")["peers"] if p["peer_id"] == js_id), None)
 
 
+def big_contents(params: NetworkParams, count: int, seed: int) -> list[dict[str, Any]]:
+    """`count` distinct experiences of ~30 KB each (8 long examples), with our model's embeddings: together more
+    than yamux's initial 256 KiB stream window, so one gossip message of them needs flow control both ways."""
+    rng = random.Random(seed)
+    words = [" ".join("".join(rng.choices(string.ascii_lowercase, k=6)) for _ in range(4)) for _ in range(count)]
+    texts = [f"When relaying a large batch, check {noise} before storing it." for noise in words]
+    vectors = embedder_for(params).embed(texts)
+    filler = "relay " * 320
+    examples = [{"input": filler, "output": filler, "correct": True}] * 8
+    return [
+        {
+            "text": text,
+            "domain": ["p2p", "interop"],
+            "confidence": 0.5,
+            "examples": examples,
+            "embedding": {
+                "model": params.embedding_model,
+                "dim": params.embedding_dim,
+                "values": pack_float16(v).hex(),
+            },
+        }
+        for text, v in zip(texts, vectors, strict=True)
+    ]
+
+
+def signed_in_python(content: dict[str, Any]) -> bytes:
+    """`content` as an add signed by a fresh Python author key."""
+    embedding = content["embedding"]
+    experience = Experience(
+        content["text"],
+        tuple(content["domain"]),
+        content["confidence"],
+        Embedding(embedding["model"], embedding["dim"], bytes.fromhex(embedding["values"])),
+        tuple(Example(**example) for example in content["examples"]),
+    )
+    op = Operation(Kind.ADD, "", 1, (), int(time.time()), content=experience)
+    return sign(op, AuthorKey.generate()).data
+
+
+def submit_all(node: Daemon, ops: list[bytes]) -> list[str]:
+    """Submit `ops` in one JSON-RPC batch (so the node gossips them together); their CIDs."""
+    body = [
+        {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op.hex()}} for i, op in enumerate(ops)
+    ]
+    answers = sorted(node.http.post(node.url, json=body).json(), key=lambda answer: answer["id"])
+    assert all("error" not in answer for answer in answers), answers
+    return [answer["result"]["cid"] for answer in answers]
+
+
+def check_connection(js: JsPeer, node: Daemon) -> None:
+    """The two stacks agreed on Noise, yamux and meshsub 1.1.0 (multistream-select each time); identify told the
+    JS peer what the node serves; a libp2p ping goes round."""
+
+    def identified(event: dict[str, Any]) -> bool:
+        return event["event"] == "peers" and any(
+            c["peer"] == peer_id(node) and "/meshsub/1.1.0" in c["streams"] and c["protocols"]
+            for c in event["connections"]
+        )
+
+    js.send({"cmd": "peers"})
+    peers = js.wait_for(identified, f"{node.home.name} identified, with a meshsub stream")
+    (connection,) = [c for c in peers["connections"] if c["peer"] == peer_id(node)]
+    assert connection["encryption"] == "/noise" and connection["multiplexer"] == "/yamux/1.0.0", connection
+    assert {"/meshsub/1.1.0", "/expledger/sync/1", "/ipfs/ping/1.0.0"} <= set(connection["protocols"]), connection
+    js.send({"cmd": "ping"})
+    assert js.wait_for(lambda event: event["event"] == "ping", "a ping round trip")["peer"] == peer_id(node)
+
+
+def check_js_verifies(js: JsPeer, made: dict[str, str]) -> None:
+    """Every operation of `made` (CID -> author did) decoded, its CID recomputed and its signature verified in JS."""
+    for cid, op in operations_verified(js, set(made)).items():
+        assert op["valid"] and op["canonical"] and op["signature"] == "valid" and op["altered_rejected"], op
+        assert op["author"] == made[cid], op
+    assert all(event["accepted"] for event in js.seen if event["event"] == "batch")
+
+
+def check_applied(nodes: list[Daemon], cids: list[str], author: str) -> None:
+    for node in nodes:
+        for cid in cids:
+            wait_until(lambda node=node, cid=cid: has(node, cid), f"the JS peer's {cid} applied on {node.home.name}")
+            shown = node.call("get", {"id": cid})
+            assert shown["library"]["status"] == "live" and shown["library"]["created_by"] == author, shown
+
+
 def test_a_js_libp2p_peer_verifies_our_operations_and_ours_apply_its_own(tmp_path, js_packages):
     with network(tmp_path) as net:
         n1, n2, n3 = nodes = start_star(net, ["n1", "n2", "n3"])
         params = NetworkParams.from_file(net.genesis)
+        authors = {node.home.name: node.call("status")["author"] for node in nodes}
 
         # the JS peer dials n2 only: what n3 publishes reaches it through two Python hops (n1, n2), and the reverse
-        with js_peer(js_packages, params.network_id, [addr(n2)], tmp_path / "js-peer.stderr") as js:
+        with js_peer(js_packages, params.network_id, [addr(n2)], tmp_path) as js:
             ready = js.wait_for(lambda event: event["event"] == "ready", "ready")
             assert ready["topic"] == n2.call("peers")["self"]["topic"] == f"/expledger/{params.network_id}/ops/1"
-            js.wait_for(
-                lambda event: event["event"] == "peers" and peer_id(n2) in event["mesh"], "n2 in its topic mesh"
-            )
-            wait_until(lambda: js_peer_record(n2, ready["peer_id"]) is not None, "n2 to list the JS peer")
+            js.wait_for(lambda event: event["event"] == "peers" and peer_id(n2) in event["mesh"], "n2 in its mesh")
+            check_connection(js, n2)
 
-            # ours -> JS: every operation decoded, its CID recomputed, its author's signature verified in JS
+            # ours -> JS: single operations from each node, then one message larger than a yamux window
             made = {
-                add(n1, "When a proof uses a lemma, state the lemma's conditions and check each one."): n1,
-                add(n3, "When a word problem gives rates, write every quantity in the same units.", "math.rates"): n3,
-                add(n2, "When a matrix is triangular, read its determinant off the diagonal.", "math.algebra"): n2,
+                add(n1, "When a proof uses a lemma, state the lemma's conditions and check each one."): "n1",
+                add(n3, "When a word problem gives rates, write every quantity in the same units.", "math.rates"): "n3",
+                add(n2, "When a matrix is triangular, read its determinant off the diagonal.", "math.algebra"): "n2",
             }
-            verified = operations_verified(js, set(made))
-            for cid, op in verified.items():
-                assert op["valid"] and op["canonical"] and op["signature"] == "valid" and op["altered_rejected"], op
-                assert op["kind"] == "add" and op["author"] == made[cid].call("status")["author"]
-            batches = [event for event in js.seen if event["event"] == "batch"]
-            assert all(batch["accepted"] for batch in batches)
-            from_n3 = next(b for b in batches if b["origin"] == peer_id(n3))
+            check_js_verifies(js, {cid: authors[name] for cid, name in made.items()})
+            from_n3 = next(e for e in js.seen if e["event"] == "batch" and e["origin"] == peer_id(n3))
             assert from_n3["forwarder"] == peer_id(n2)  # signed by n3's peer key, relayed by n1 and n2
+            big = [signed_in_python(content) for content in big_contents(params, 12, seed=1)]
+            big_cids = submit_all(n3, big)
+            check_js_verifies(js, {cid: decode_block(op).op.author for cid, op in zip(big_cids, big, strict=True)})
 
             # JS -> ours: an add the JS peer builds and signs, with the embedding our pinned model gives its text
             values = pack_float16(embedder_for(params).embed([JS_TEXT])[0]).hex()
             embedding = {"model": params.embedding_model, "dim": params.embedding_dim, "values": values}
-            js.send({"cmd": "publish", **JS_CONTENT, "embedding": embedding})
+            js.send({"cmd": "publish", "contents": [{**JS_CONTENT, "embedding": embedding}]})
             published = js.wait_for(lambda event: event["event"] == "published", "its publish")
             assert peer_id(n2) in published["recipients"]
-            assert published["parents"] and set(published["parents"]) <= set(made)
-            js_cid = published["cid"]
-            for node in nodes:
-                wait_until(lambda node=node: has(node, js_cid), f"the JS peer's operation applied on {node.home.name}")
-                shown = node.call("get", {"id": js_cid})
-                assert shown["text"] == JS_TEXT and shown["library"]["status"] == "live"
-                assert shown["metadata"]["created_by"] == shown["library"]["created_by"] == ready["did"]
-            wait_until(lambda: converged(nodes, len(made) + 1), "equal state roots with the JS peer's operation")
-            # n2 took it by gossip (the JS peer serves no sync), and holds nothing against the JS peer
+            assert published["parents"] and set(published["parents"]) <= set(made) | set(big_cids)
+            check_applied(nodes, published["cids"], ready["did"])
+            assert n1.call("get", {"id": published["cids"][0]})["text"] == JS_TEXT
+            # and twelve in one message larger than a yamux window
+            js.send({"cmd": "publish", "contents": big_contents(params, 12, seed=2)})
+            large = js.wait_for(lambda event: event["event"] == "published" and len(event["cids"]) == 12, "12 adds")
+            assert large["bytes"] > 256 * 1024
+            check_applied(nodes, large["cids"], ready["did"])
+            total = len(made) + len(big) + 1 + 12
+            wait_until(lambda: converged(nodes, total), "equal state roots with the JS peer's operations")
+            # n2 took them by gossip (the JS peer serves no sync), and holds nothing against the JS peer
             record = js_peer_record(n2, ready["peer_id"])
-            assert record is not None and record["operations_received"] == 1 and record["gossip_messages"] >= 1, record
+            assert record is not None and record["operations_received"] == 13 and record["gossip_messages"] >= 2, record
             assert record["invalid"] == 0 and record["banned_for"] == 0, record
+
+            # a JS operation whose signature is off by one bit: n2 refuses it, blames the JS peer, forwards nothing
+            js.send({"cmd": "publish", "contents": [{**JS_CONTENT, "embedding": embedding}], "tamper": True})
+            forged = js.wait_for(lambda event: event["event"] == "published" and event["tampered"], "the forgery")
+            wait_until(lambda: js_peer_record(n2, ready["peer_id"])["invalid"] == 1, "n2 to count the forgery")
+            assert not any(has(node, forged["cids"][0]) for node in nodes)
+            assert converged(nodes, total)

@@ -7,7 +7,12 @@
 //
 // It writes one JSON object per line on stdout (events: ready, peers, batch, operation, published, error) and
 // reads commands the same way on stdin:
-//   {"cmd": "publish", "text": ..., "domain": [...], "confidence": 0.75, "embedding": {model, dim, values: hex}}
+//   {"cmd": "publish", "contents": [{text, domain: [...], confidence, embedding: {model, dim, values: hex},
+//                                    examples: [{input, output, correct}] (optional)}, ...], "tamper": false}
+//       one gossip message holding one add per content; "tamper": true flips a bit of each signature after
+//       signing (invalid operations, to see them refused)
+//   {"cmd": "peers"}                      what it is connected to, over what, and who subscribes to the topic
+//   {"cmd": "ping"}                       a libp2p ping (/ipfs/ping/1.0.0) round trip to every connected peer
 //   {"cmd": "stop"}                       (end of input stops it too)
 // See docs/INTEROP.md.
 
@@ -131,7 +136,8 @@ function remember (found, cid) {
   heads.set(found.cid, { cid, clock: found.clock })
 }
 
-async function buildAdd ({ text, domain, confidence, embedding }) {
+/** An add of `content`, signed by this peer's author key; its parents are the heads of what it received. */
+async function buildAdd ({ text, domain, confidence, embedding, examples = [] }, tamper) {
   const parents = [...heads.values()]
     .sort((a, b) => compareBytes(a.cid.bytes, b.cid.bytes))
     .slice(0, MAX_PARENTS)
@@ -150,12 +156,13 @@ async function buildAdd ({ text, domain, confidence, embedding }) {
       text,
       domain,
       confidence,
-      examples: [],
+      examples,
       embedding: { model: embedding.model, dim: embedding.dim, values: Uint8Array.from(Buffer.from(embedding.values, 'hex')) },
       source: 'js-libp2p interop peer'
     }
   }
   const signature = ed25519.sign(dagCbor.encode(unsigned), author.seed)
+  if (tamper) signature[0] ^= 1
   const bytes = dagCbor.encode({ ...unsigned, signature })
   return { bytes, cid: await cidOf(bytes), clock: unsigned.clock, parents: unsigned.parents.map(String) }
 }
@@ -206,6 +213,7 @@ pubsub.topicValidators.set(topic, async (forwarder, msg) => {
     origin: msg.from.toString(),
     forwarder: forwarder.toString(),
     seqno: msg.sequenceNumber.toString(16).padStart(16, '0'),
+    bytes: msg.data.length,
     node: batch.node,
     size: batch.size,
     operations: found.length,
@@ -218,17 +226,39 @@ pubsub.topicValidators.set(topic, async (forwarder, msg) => {
   return verdict
 })
 
-function reportPeers () {
+async function reportPeers () {
+  const connections = []
+  for (const connection of node.getConnections()) {
+    const known = await node.peerStore.get(connection.remotePeer).catch(() => ({ protocols: [] }))
+    connections.push({
+      peer: connection.remotePeer.toString(),
+      encryption: connection.encryption,
+      multiplexer: connection.multiplexer,
+      streams: connection.streams.map((stream) => stream.protocol),
+      protocols: known.protocols // what the peer announced through identify
+    })
+  }
   emit('peers', {
-    connected: node.getPeers().map(String),
+    connections,
     subscribers: pubsub.getSubscribers(topic).map(String),
     mesh: pubsub.getMeshPeers(topic).map(String)
   })
+}
+
+async function pingPeers () {
+  for (const peer of node.getPeers()) {
+    try {
+      emit('ping', { peer: peer.toString(), ms: await node.services.ping.ping(peer) })
+    } catch (error) {
+      emit('error', { where: 'ping', peer: peer.toString(), error: error.message })
+    }
+  }
 }
 pubsub.addEventListener('subscription-change', reportPeers)
 pubsub.addEventListener('gossipsub:graft', reportPeers)
 pubsub.addEventListener('gossipsub:prune', reportPeers)
 node.addEventListener('peer:disconnect', reportPeers)
+node.addEventListener('peer:identify', reportPeers)
 
 await node.start()
 pubsub.subscribe(topic)
@@ -242,14 +272,22 @@ for (const address of args.connect) {
   }
 }
 
-async function publish (command) {
-  const op = await buildAdd(command)
-  const batch = dagCbor.encode({ ops: [op.bytes], node: author.did, size: 0 })
+async function publish ({ contents, tamper = false }) {
+  const ops = []
+  for (const content of contents) ops.push(await buildAdd(content, tamper))
+  const message = dagCbor.encode({ ops: ops.map((op) => op.bytes), node: author.did, size: 0 })
   const deadline = Date.now() + PUBLISH_PATIENCE_MS
   for (;;) {
     try {
-      const { recipients } = await pubsub.publish(topic, batch)
-      emit('published', { cid: op.cid.toString(), clock: op.clock, parents: op.parents, recipients: recipients.map(String) })
+      const { recipients } = await pubsub.publish(topic, message)
+      emit('published', {
+        cids: ops.map((op) => op.cid.toString()),
+        clock: ops[0].clock,
+        parents: ops[0].parents,
+        bytes: message.length,
+        recipients: recipients.map(String),
+        tampered: tamper
+      })
       return
     } catch (error) {
       if (Date.now() > deadline) throw error
@@ -274,7 +312,8 @@ for await (const line of createInterface({ input: process.stdin })) {
   try {
     const command = JSON.parse(line)
     if (command.cmd === 'publish') await publish(command)
-    else if (command.cmd === 'peers') reportPeers()
+    else if (command.cmd === 'peers') await reportPeers()
+    else if (command.cmd === 'ping') await pingPeers()
     else if (command.cmd === 'stop') break
     else throw new Error(`unknown command ${JSON.stringify(command.cmd)}`)
   } catch (error) {
