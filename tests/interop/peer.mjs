@@ -29,6 +29,7 @@ import { gossipsub } from '@chainsafe/libp2p-gossipsub'
 import { TopicValidatorResult } from '@libp2p/interface'
 import { multiaddr } from '@multiformats/multiaddr'
 import * as dagCbor from '@ipld/dag-cbor'
+import * as cborg from 'cborg'
 import { CID } from 'multiformats/cid'
 import { sha256 } from 'multiformats/hashes/sha2'
 import { base58btc } from 'multiformats/bases/base58'
@@ -43,9 +44,13 @@ const { values: args } = parseArgs({
     network: { type: 'string', default: 'devnet' },
     connect: { type: 'string', multiple: true, default: [] },
     listen: { type: 'string', default: '/ip4/127.0.0.1/tcp/0' },
-    'author-seed': { type: 'string' } // 64 hex digits; a fresh key when absent
+    'author-seed': { type: 'string' }, // 64 hex digits; a fresh key when absent
+    // for the message-id experiment of docs/INTEROP.md: js gossipsub's own id function, and a smaller mesh
+    'msg-id': { type: 'string', default: 'spec' }, // spec | js-default
+    'mesh-degree': { type: 'string' }
   }
 })
+if (!['spec', 'js-default'].includes(args['msg-id'])) throw new Error('--msg-id: spec or js-default')
 const topic = `/expledger/${args.network}/ops/1` // PROTOCOL.md §10.2
 
 function emit (event, fields = {}) {
@@ -74,7 +79,39 @@ function publicKeyFromDid (did) {
 const authorSeed = args['author-seed'] ? Buffer.from(args['author-seed'], 'hex') : randomBytes(32)
 const author = { seed: authorSeed, did: didFromPublicKey(ed25519.getPublicKey(authorSeed)) }
 
-// --- operations: decode, identify, verify (PROTOCOL.md §1-§4) ------------------------------------------------
+// --- operations: decode, encode, identify, verify (PROTOCOL.md §1-§4) ----------------------------------------
+
+/** A number DAG-CBOR must write as a float64 even when integral: a JS number cannot tell 1.0 from 1, and
+ * @ipld/dag-cbor writes every integral number as an integer (the trick of ../vectors/reference/generate.mjs). */
+class Float64 {
+  constructor (value) {
+    this.value = value
+  }
+}
+
+const opEncodeOptions = {
+  ...dagCbor.encodeOptions,
+  typeEncoders: {
+    ...dagCbor.encodeOptions.typeEncoders,
+    Object: (value, ...rest) => value instanceof Float64
+      ? [new cborg.Token(cborg.Type.float, value.value)] // dag-cbor's float64: true makes it 9 bytes, 0xfb
+      : dagCbor.encodeOptions.typeEncoders.Object(value, ...rest)
+  }
+}
+
+/** The canonical bytes of an operation map (with or without `signature`), knowing its schema: `confidence` is
+ * the one float field of an operation (PROTOCOL.md §4), so it is written as a float64 whatever its value. */
+function encodeOperation (op) {
+  if (op.content === undefined) return cborg.encode(op, opEncodeOptions)
+  const content = { ...op.content, confidence: new Float64(op.content.confidence) }
+  return cborg.encode({ ...op, content }, opEncodeOptions)
+}
+
+/** PROTOCOL.md §3's shortcut to the signed message: `signature` sorts last, so drop its 76-byte entry and count
+ * one entry fewer in the map's one-byte header. Checked against the re-encoding below. */
+function signedPart (bytes) {
+  return Uint8Array.from([bytes[0] - 1, ...bytes.subarray(1, bytes.length - 76)])
+}
 
 async function cidOf (bytes) {
   return CID.create(1, dagCbor.code, await sha256.digest(bytes))
@@ -91,7 +128,7 @@ async function examine (bytes) {
     return { ...found, valid: false, error: `dag-cbor: ${error.message}` }
   }
   // one value, one encoding: re-encoding what was decoded must give the same bytes back
-  found.canonical = equalBytes(dagCbor.encode(op), bytes)
+  found.canonical = equalBytes(encodeOperation(op), bytes)
   found.kind = op.kind
   found.author = op.author
   found.clock = op.clock
@@ -107,13 +144,14 @@ async function examine (bytes) {
   }
   // the signed message is the canonical encoding of the map without its `signature` entry
   const { signature, ...unsigned } = op
-  const message = dagCbor.encode(unsigned)
+  const message = encodeOperation(unsigned)
+  found.shortcut_agrees = equalBytes(signedPart(bytes), message)
   found.signature = ed25519.verify(signature, message, publicKey, { zip215: false }) ? 'valid' : 'invalid'
   // and the check is not vacuous: the same signature over a message one bit off must fail
   const altered = Uint8Array.from(message)
   altered[altered.length - 1] ^= 1
   found.altered_rejected = !ed25519.verify(signature, altered, publicKey, { zip215: false })
-  found.valid = found.canonical && found.signature === 'valid' && found.altered_rejected
+  found.valid = found.canonical && found.shortcut_agrees && found.signature === 'valid' && found.altered_rejected
   return found
 }
 
@@ -141,10 +179,6 @@ async function buildAdd ({ text, domain, confidence, embedding, examples = [] },
   const parents = [...heads.values()]
     .sort((a, b) => compareBytes(a.cid.bytes, b.cid.bytes))
     .slice(0, MAX_PARENTS)
-  if (Number.isInteger(confidence)) {
-    // a JS number cannot say 1.0 from 1: dag-cbor would write an integer, which PROTOCOL.md §4 refuses
-    throw new Error('confidence: give a non-integral number (0 and 1 encode as integers in JavaScript)')
-  }
   const unsigned = {
     version: 1,
     kind: 'add',
@@ -161,9 +195,9 @@ async function buildAdd ({ text, domain, confidence, embedding, examples = [] },
       source: 'js-libp2p interop peer'
     }
   }
-  const signature = ed25519.sign(dagCbor.encode(unsigned), author.seed)
+  const signature = ed25519.sign(encodeOperation(unsigned), author.seed)
   if (tamper) signature[0] ^= 1
-  const bytes = dagCbor.encode({ ...unsigned, signature })
+  const bytes = encodeOperation({ ...unsigned, signature })
   return { bytes, cid: await cidOf(bytes), clock: unsigned.clock, parents: unsigned.parents.map(String) }
 }
 
@@ -178,6 +212,11 @@ function specMessageId (msg) {
   return Uint8Array.from([...from, ...seqno])
 }
 
+/** Mesh parameters for a mesh of `D` peers (gossipsub requires Dlo <= D <= Dhi and Dout < Dlo). */
+function meshDegree (D) {
+  return { D, Dlo: D, Dhi: D, Dout: 0, Dscore: 0 }
+}
+
 const node = await createLibp2p({
   addresses: { listen: [args.listen] },
   transports: [tcp()],
@@ -188,7 +227,8 @@ const node = await createLibp2p({
     ping: ping(),
     pubsub: gossipsub({
       globalSignaturePolicy: 'StrictSign',
-      msgIdFn: specMessageId,
+      ...(args['msg-id'] === 'spec' ? { msgIdFn: specMessageId } : {}),
+      ...(args['mesh-degree'] ? meshDegree(Number(args['mesh-degree'])) : {}),
       fallbackToFloodsub: false,
       allowPublishToZeroTopicPeers: false,
       emitSelf: false
@@ -207,7 +247,9 @@ pubsub.topicValidators.set(topic, async (forwarder, msg) => {
     return TopicValidatorResult.Reject
   }
   const found = []
-  for (const bytes of batch.ops) found.push(await examine(bytes))
+  for (const bytes of batch.ops) {
+    found.push(await examine(bytes).catch(async (error) => ({ cid: (await cidOf(bytes)).toString(), valid: false, error: error.message })))
+  }
   const verdict = found.every((op) => op.valid) ? TopicValidatorResult.Accept : TopicValidatorResult.Reject
   emit('batch', {
     origin: msg.from.toString(),
@@ -235,7 +277,8 @@ async function reportPeers () {
       encryption: connection.encryption,
       multiplexer: connection.multiplexer,
       streams: connection.streams.map((stream) => stream.protocol),
-      protocols: known.protocols // what the peer announced through identify
+      protocols: known.protocols, // what the peer announced through identify
+      score: pubsub.getScore(connection.remotePeer.toString()) // gossipsub v1.1 peer score, as this peer keeps it
     })
   }
   emit('peers', {
