@@ -105,7 +105,12 @@ class JsPeer:
                 if match(event):
                     return event
         except queue.Empty:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for the JS peer: {what}") from None
+            status = self.process.poll()
+            state = "running" if status is None else f"exited with status {status}"
+            raise AssertionError(
+                f"timed out after {timeout:.0f} s waiting for the JS peer ({state}; its stderr is beside "
+                f"{self.transcript}): {what}"
+            ) from None
 
     def drain(self) -> list[dict[str, Any]]:
         """Every event so far, including those no `wait_for` has looked at yet."""
@@ -114,6 +119,7 @@ class JsPeer:
         return self.seen
 
     def stop(self) -> None:
+        """SIGTERM (it stops its libp2p node and exits), SIGKILL if it has not exited within 10 s."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -121,6 +127,9 @@ class JsPeer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self._reader.join(10)
 
 
 @contextmanager
@@ -251,6 +260,7 @@ def check_js_verifies(js: JsPeer, made: dict[str, str]) -> None:
 
 
 def check_applied(nodes: list[Daemon], cids: list[str], author: str) -> None:
+    """Every node applied every one of `cids` (a live experience created by `author`)."""
     for node in nodes:
         for cid in cids:
             wait_until(lambda node=node, cid=cid: has(node, cid), f"the JS peer's {cid} applied on {node.home.name}")

@@ -5,8 +5,8 @@
 //
 //   node peer.mjs --network devnet --connect /ip4/127.0.0.1/tcp/PORT/p2p/PEERID [--connect ...]
 //
-// It writes one JSON object per line on stdout (events: ready, peers, batch, operation, published, error) and
-// reads commands the same way on stdin:
+// It writes one JSON object per line on stdout (events: ready, peers, batch, operation, published, ping, error,
+// stopped) and reads commands the same way on stdin:
 //   {"cmd": "publish", "contents": [{text, domain: [...], confidence, embedding: {model, dim, values: hex},
 //                                    examples: [{input, output, correct}] (optional)}, ...], "tamper": false}
 //       one gossip message holding one add per content; "tamper": true flips a bit of each signature after
@@ -57,7 +57,6 @@ function emit (event, fields = {}) {
   process.stdout.write(JSON.stringify({ event, ...fields }) + '\n')
 }
 
-const hex = (bytes) => Buffer.from(bytes).toString('hex')
 const equalBytes = (a, b) => a.length === b.length && a.every((byte, i) => byte === b[i])
 const compareBytes = (a, b) => Buffer.compare(Buffer.from(a), Buffer.from(b))
 
@@ -191,7 +190,11 @@ async function buildAdd ({ text, domain, confidence, embedding, examples = [] },
       domain,
       confidence,
       examples,
-      embedding: { model: embedding.model, dim: embedding.dim, values: Uint8Array.from(Buffer.from(embedding.values, 'hex')) },
+      embedding: {
+        model: embedding.model,
+        dim: embedding.dim,
+        values: Uint8Array.from(Buffer.from(embedding.values, 'hex'))
+      },
       source: 'js-libp2p interop peer'
     }
   }
@@ -248,7 +251,8 @@ pubsub.topicValidators.set(topic, async (forwarder, msg) => {
   }
   const found = []
   for (const bytes of batch.ops) {
-    found.push(await examine(bytes).catch(async (error) => ({ cid: (await cidOf(bytes)).toString(), valid: false, error: error.message })))
+    const failed = async (error) => ({ cid: (await cidOf(bytes)).toString(), valid: false, error: error.message })
+    found.push(await examine(bytes).catch(failed)) // e.g. a `content` that is not a map
   }
   const verdict = found.every((op) => op.valid) ? TopicValidatorResult.Accept : TopicValidatorResult.Reject
   emit('batch', {
