@@ -107,8 +107,8 @@ def evaluate(
                     else:
                         outcome.without += 1
         print(
-            f"bench_dso: {index}/{len(problems)}: without {outcome.without}/{group}, with {outcome.with_library}/{group}"
-            f" ({outcome.injected} experiences injected)",
+            f"bench_dso: {index}/{len(problems)}: without {outcome.without}/{group}, "
+            f"with {outcome.with_library}/{group} ({outcome.injected} experiences injected)",
             file=sys.stderr,
         )
         outcomes.append(outcome)
