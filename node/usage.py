@@ -71,7 +71,9 @@ class UsageStats:
     """The counts, in memory for reads and in LevelDB for restarts; thread-safe (serves record from reader
     threads)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, sync: bool = True) -> None:
+        """`sync=False` only for measuring what the synced writes cost (bench/bench_usage.py)."""
+        self._sync = sync
         try:
             self._db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.Error as exc:
@@ -84,7 +86,7 @@ class UsageStats:
         served = list(served)
         if not served:
             return
-        with self._lock, self._db.write_batch(sync=True) as batch:
+        with self._lock, self._db.write_batch(sync=self._sync) as batch:
             for exp_id, own_domain in served:
                 usage = self._usage.setdefault(exp_id.raw, Usage())
                 usage.add(how, domain or own_domain)
