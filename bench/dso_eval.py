@@ -156,7 +156,7 @@ def _library_node(home: Path | None, library: Path) -> Iterator[tuple[Client, st
 
 
 @contextmanager
-def _endpoint(base_url: str | None) -> Iterator[str]:
+def _endpoint(base_url: str | None, threads: int) -> Iterator[str]:
     if base_url:
         yield base_url
         return
@@ -166,7 +166,7 @@ def _endpoint(base_url: str | None) -> Iterator[str]:
     if missing:
         raise SystemExit(f"bench_dso: {missing}; or give --base-url")
     print("bench_dso: starting the SmolLM2 server", file=sys.stderr)
-    with smollm_server() as url:
+    with smollm_server(threads=threads) as url:
         yield url
 
 
@@ -182,6 +182,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("-k", type=int, default=5, help="experiences retrieved per problem (default 5)")
     parser.add_argument("--max-tokens", type=int, default=256, help="cap on each answer (default 256)")
     parser.add_argument("--limit", type=int, help="only the first N problems")
+    parser.add_argument(
+        "--smollm-threads",
+        type=int,
+        default=1,
+        help="threads of the bundled model's server (default 1: see node.dso.smollm)",
+    )
     args = parser.parse_args(argv)
     problems = read_problems(args.problems)[: args.limit]
     training = {p.problem for p in read_problems(TRAINING)}
@@ -189,7 +195,10 @@ def main(argv: list[str]) -> int:
     if leaked:
         print(f"bench_dso: not held out, in {TRAINING}: {leaked}", file=sys.stderr)
         return 2
-    with _endpoint(args.base_url) as url, _library_node(args.home, args.library) as (node, library):
+    with (
+        _endpoint(args.base_url, args.smollm_threads) as url,
+        _library_node(args.home, args.library) as (node, library),
+    ):
         settings = LlmSettings.resolve(LlmConfig(timeout=600), base_url=url, model=args.model, api_key=args.api_key)
         llm = LlmClient(settings)
         started = time.perf_counter()

@@ -164,7 +164,7 @@ def smollm_missing() -> str | None:
 
 
 @contextmanager
-def smollm_server(timeout: float = 120.0) -> Iterator[str]:
+def smollm_server(timeout: float = 120.0, threads: int = 2) -> Iterator[str]:
     """The real SmolLM2 behind an OpenAI-compatible endpoint; yields its base URL once /health answers 200."""
     import socket
     import subprocess
@@ -176,7 +176,9 @@ def smollm_server(timeout: float = 120.0) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "node.dso.smollm", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "node.dso.smollm", str(port), str(threads)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + timeout
