@@ -78,19 +78,43 @@ class UsageStats:
             self._db = plyvel.DB(str(path), create_if_missing=True)
         except plyvel.Error as exc:
             raise UsageError("usage.open", f"{path}: cannot open the usage database ({exc})") from None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counts in memory, the writes not yet made, their sequence numbers
+        self._writing = threading.Lock()  # one synced write at a time
         self._usage: dict[bytes, Usage] = {key: Usage.decode(value) for key, value in self._db}
+        self._unwritten: dict[bytes, bytes] = {}
+        self._recorded = 0  # serves recorded in memory
+        self._written = 0  # serves on disk
 
     def record(self, served: Iterable[tuple[CID, str]], how: str, domain: str | None) -> None:
-        """One serve of each (experience, its domain): counted, and on disk before this returns."""
+        """One serve of each (experience, its domain): counted, and on disk before this returns.
+
+        Group commit: serves recorded while a synced write is under way are written together by the next one,
+        so concurrent serves share an fsync instead of queueing for one each."""
         served = list(served)
         if not served:
             return
-        with self._lock, self._db.write_batch(sync=self._sync) as batch:
+        with self._lock:
             for exp_id, own_domain in served:
                 usage = self._usage.setdefault(exp_id.raw, Usage())
                 usage.add(how, domain or own_domain)
-                batch.put(exp_id.raw, usage.encode())
+                self._unwritten[exp_id.raw] = usage.encode()
+            self._recorded += 1
+            mine = self._recorded
+        with self._writing:
+            if self._written >= mine:
+                return  # a write that began after this serve was recorded has synced it
+            with self._lock:
+                pending, self._unwritten = self._unwritten, {}
+                covered = self._recorded
+            try:
+                with self._db.write_batch(sync=self._sync) as batch:
+                    for key, value in pending.items():
+                        batch.put(key, value)
+            except plyvel.Error:
+                with self._lock:  # kept for the next write; what was recorded since is newer
+                    self._unwritten = {**pending, **self._unwritten}
+                raise
+            self._written = covered
 
     def of(self, exp_id: CID) -> Usage:
         with self._lock:
@@ -107,5 +131,5 @@ class UsageStats:
         return len(self._usage)
 
     def close(self) -> None:
-        with self._lock:
+        with self._writing, self._lock:
             self._db.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import threading
 from collections import Counter, defaultdict
 
 from hypothesis import given, settings
@@ -50,6 +51,25 @@ def test_counts_are_every_serve_and_survive_a_reopen(tmp_path_factory, recorded)
         assert [exp_id for exp_id, _ in reopened.top(5)] == sorted(
             (i for i in IDS if counts[i]), key=lambda i: (-counts[i], i.raw)
         )
+    finally:
+        reopened.close()
+
+
+def test_concurrent_serves_are_all_on_disk(tmp_path):
+    """Group commit: serves recorded while another thread writes are written by a later write, none lost."""
+    stats = UsageStats(tmp_path / "usage")
+    workers = [
+        threading.Thread(target=lambda: [stats.record([(exp_id, "own")], "proxy", None) for _ in range(50)])
+        for exp_id in IDS * 4
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    stats.close()
+    reopened = UsageStats(tmp_path / "usage")
+    try:
+        assert [reopened.of(exp_id).count for exp_id in IDS] == [200, 200]
     finally:
         reopened.close()
 
