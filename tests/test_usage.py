@@ -58,10 +58,12 @@ def test_counts_are_every_serve_and_survive_a_reopen(tmp_path_factory, recorded)
 def test_concurrent_serves_are_all_on_disk(tmp_path):
     """Group commit: serves recorded while another thread writes are written by a later write, none lost."""
     stats = UsageStats(tmp_path / "usage")
-    workers = [
-        threading.Thread(target=lambda: [stats.record([(exp_id, "own")], "proxy", None) for _ in range(50)])
-        for exp_id in IDS * 4
-    ]
+
+    def serve(exp_id: CID) -> None:
+        for _ in range(50):
+            stats.record([(exp_id, "own")], "proxy", None)
+
+    workers = [threading.Thread(target=serve, args=(exp_id,)) for exp_id in IDS * 4]
     for worker in workers:
         worker.start()
     for worker in workers:
