@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from tests.daemons import Daemon, init_home, running
-from tests.dso_fakes import FakeLlm, Reply, fake_llm
+from tests.dso_fakes import FakeLlm, Reply, fake_llm, smollm_missing, smollm_server
 
 GEOMETRY = "When intersecting lines with segments, check each solution lies on the segment, not its extension."
 RATES = "When computing an average speed, divide the total distance by the total time; never multiply them."
@@ -161,3 +161,33 @@ def test_an_upstream_that_is_down_is_named_in_the_error(tmp_path):
             assert failed.value.status_code == 502
             assert failed.value.code == "upstream_unreachable" and dead in failed.value.message
         assert daemon.call("status")["log_size"] == 0  # the node goes on
+
+
+@pytest.mark.skipif(smollm_missing() is not None, reason=str(smollm_missing()))
+def test_smollm_behind_the_proxy_answers_streamed_and_not(tmp_path):
+    """The real model as the upstream: the openai package gets its answer through the proxy, whole and streamed,
+    each naming the experience injected (what llama.cpp received is not recorded: the fake's tests show that)."""
+    home = tmp_path / "home"
+    init_home(home)
+    with smollm_server(threads=1) as upstream:
+        proxy_config(home, upstream)
+        with running(home) as daemon:
+            exp_id = daemon.call("add", {"text": GEOMETRY, "domain": "math.geometry", "confidence": 0.8})["cid"]
+            client = openai.OpenAI(base_url=(home / "proxy.url").read_text().strip(), api_key=daemon.token)
+            ask = {"model": "smollm2", "messages": [{"role": "user", "content": QUESTION}], "max_tokens": 24}
+            whole = client.chat.completions.with_raw_response.create(**ask)
+            completion = whole.parse()
+            assert completion.choices[0].message.content.strip()
+            assert (
+                completion.model_extra["expledger"]["injected"]
+                == [exp_id]
+                == whole.headers["x-expledger-injected"].split(",")
+            )
+            assert completion.usage.prompt_tokens > len(
+                f"{QUESTION} {GEOMETRY}".split()
+            )  # the template reached the model
+            streamed = client.chat.completions.with_raw_response.create(**ask, stream=True)
+            assert streamed.headers["x-expledger-injected"] == exp_id
+            chunks = [chunk.choices[0].delta.content or "" for chunk in streamed.parse() if chunk.choices]
+            assert len(chunks) > 1 and "".join(chunks).strip()
+            assert daemon.call("usage", {"id": exp_id})["experiences"][0]["served_by"]["proxy"] == 2
