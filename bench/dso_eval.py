@@ -30,7 +30,7 @@ from pathlib import Path
 from node.client import Client
 from node.config import LlmConfig
 from node.dso.grading import default_grader
-from node.dso.llm import LlmClient, LlmError, LlmSettings
+from node.dso.llm import LlmClient, LlmError, LlmSettings, StageUsage
 from node.dso.prompts import ANSWER_INSTRUCTION
 from node.home import Home
 
@@ -115,20 +115,23 @@ def evaluate(
     return outcomes
 
 
-def report(outcomes: list[Outcome], group: int, model: str, base_url: str, library: str, seconds: float) -> str:
+def report(outcomes: list[Outcome], group: int, llm: LlmClient, base_url: str, library: str, seconds: float) -> str:
     n = len(outcomes) * group
     without, with_library = sum(o.without for o in outcomes), sum(o.with_library for o in outcomes)
     low, high = paired_bootstrap(outcomes, group)
     served = sum(1 for o in outcomes if o.injected)
     lines = [
-        f"DSO eval: {model} at {base_url}, {len(outcomes)} held-out problems x G={group} at temperature {TEMPERATURE}"
-        f" (n={n} rollouts per arm), library: {library}",
+        f"DSO eval: {llm.model} at {base_url}, {len(outcomes)} held-out problems x G={group}"
+        f" at temperature {TEMPERATURE} (n={n} rollouts per arm), library: {library}",
         f"problems given at least one experience: {served}/{len(outcomes)}",
-        f"{'arm':<16} {'correct':>8} {'accuracy':>9} {'95% Wilson':>16}",
+        f"{'arm':<16} {'correct':>8} {'accuracy':>9} {'95% Wilson':>16} {'cut off':>8} {'tokens':>7}",
     ]
-    for name, correct in (("without library", without), ("with library", with_library)):
+    for name, arm, correct in (("without library", "without", without), ("with library", "with", with_library)):
         lo, hi = wilson(correct, n)
-        lines.append(f"{name:<16} {correct:>4}/{n:<3} {correct / n:>9.3f}   [{lo:.3f}, {hi:.3f}]")
+        usage = llm.usage.get(arm, StageUsage())
+        mean = usage.completion_tokens / usage.calls if usage.calls else 0.0
+        shown = f"{correct:>4}/{n:<3} {correct / n:>9.3f}   [{lo:.3f}, {hi:.3f}]"
+        lines.append(f"{name:<16} {shown} {usage.truncated:>8} {mean:>7.0f}")
     gain = (with_library - without) / n
     lines.append(f"gain (with - without): {gain:+.3f}, 95% paired bootstrap over problems [{low:+.3f}, {high:+.3f}]")
     lines.append(f"wall time {seconds:.0f} s; load average (1 min) at the end {os.getloadavg()[0]:.1f}")
@@ -203,5 +206,5 @@ def main(argv: list[str]) -> int:
         llm = LlmClient(settings)
         started = time.perf_counter()
         outcomes = evaluate(llm, node, problems, args.group_size, args.k, args.max_tokens)
-        print(report(outcomes, args.group_size, llm.model, url, library, time.perf_counter() - started))
+        print(report(outcomes, args.group_size, llm, url, library, time.perf_counter() - started))
     return 0
