@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib.metadata
+import logging
 import math
 import re
 import time
@@ -41,11 +42,12 @@ from node.jsonrpc import (
     invalid_params,
 )
 from node.service import Busy, IngestFailed, Node, Stopping
-from node.usage import Usage, UsageStats
+from node.usage import Usage, UsageError, UsageStats
 
 if TYPE_CHECKING:
     from p2p.service import P2PNode
 
+log = logging.getLogger("expledger.api")
 VERSION = importlib.metadata.version("experience-ledger")
 MAX_QUERY_CHARS = 10_000
 MAX_QUERIES = 1_000
@@ -208,6 +210,14 @@ def _content_json(content: Experience) -> dict[str, Any]:
 # --- the methods --------------------------------------------------------------------------------------
 
 
+async def record_usage(node: Node, usage: UsageStats, hits: list[Hit], how: str, domain: str | None) -> None:
+    """Count a serve; if the counts cannot be written (a full disk), the serve goes on: they are not the ledger."""
+    try:
+        await node.read(usage.record, [(hit.id, hit.domain) for hit in hits], how, domain)
+    except UsageError as exc:
+        log.warning("%s: %s", exc.code, exc.message)
+
+
 def register(
     rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None, usage: UsageStats | None = None
 ) -> None:
@@ -221,7 +231,7 @@ def register(
     async def served(hits: list[Hit], how: str, domain: str | None) -> None:
         """Count a serve (synced to disk before the answer goes out: a count a client saw survives kill -9)."""
         if usage is not None and hits:
-            await node.read(usage.record, [(hit.id, hit.domain) for hit in hits], how, domain)
+            await record_usage(node, usage, hits, how, domain)
 
     async def submit_block(data: bytes) -> dict[str, Any]:
         try:

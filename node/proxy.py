@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from node.api import record_usage
 from node.httpserver import Request, Response
 from node.server import ServerState, is_authorized, presented_token
 from node.service import Node
@@ -154,7 +155,7 @@ class ProxyRoutes:
             return []
         _prepend(message, prompt[: -len(query)])
         if self._usage is not None:
-            await self._node.read(self._usage.record, [(hit.id, hit.domain) for hit in hits], "proxy", domain)
+            await record_usage(self._node, self._usage, hits, "proxy", domain)
         return [str(hit.id) for hit in hits]
 
     async def _events(self, answer: httpx.Response) -> AsyncIterator[bytes]:

@@ -28,7 +28,7 @@ MAX_DOMAINS = 16
 
 
 class UsageError(LedgerError):
-    """The usage database cannot be opened (in use by another process, or damaged)."""
+    """The usage database cannot be opened (in use by another process, or damaged) or written (a full disk)."""
 
 
 @dataclass
@@ -110,10 +110,10 @@ class UsageStats:
                 with self._db.write_batch(sync=self._sync) as batch:
                     for key, value in pending.items():
                         batch.put(key, value)
-            except plyvel.Error:
+            except plyvel.Error as exc:
                 with self._lock:  # kept for the next write; what was recorded since is newer
                     self._unwritten = {**pending, **self._unwritten}
-                raise
+                raise UsageError("usage.write", f"the usage counts could not be written ({exc})") from None
             self._written = covered
 
     def of(self, exp_id: CID) -> Usage:

@@ -6,11 +6,13 @@ import signal
 import threading
 from collections import Counter, defaultdict
 
+import plyvel
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.cid import CID
-from node.usage import MAX_DOMAINS, SERVED_BY, UsageStats
+from node.usage import MAX_DOMAINS, SERVED_BY, UsageError, UsageStats
 from tests.daemons import expledger, init_home, running
 
 IDS = [
@@ -72,6 +74,36 @@ def test_concurrent_serves_are_all_on_disk(tmp_path):
     reopened = UsageStats(tmp_path / "usage")
     try:
         assert [reopened.of(exp_id).count for exp_id in IDS] == [200, 200]
+    finally:
+        reopened.close()
+
+
+def test_a_failed_write_is_kept_for_the_next(tmp_path):
+    """A write LevelDB refuses (a full disk) raises, and loses nothing: the next write carries its counts."""
+
+    class RefusesOnce:
+        def __init__(self, db: plyvel.DB) -> None:
+            self.db, self.refused = db, False
+
+        def write_batch(self, **options: bool) -> plyvel.WriteBatch:
+            if not self.refused:
+                self.refused = True
+                raise plyvel.IOError("IO error: No space left on device")
+            return self.db.write_batch(**options)
+
+        def close(self) -> None:
+            self.db.close()
+
+    stats = UsageStats(tmp_path / "usage")
+    stats._db = RefusesOnce(stats._db)  # the disk, not our code, is what fails
+    with pytest.raises(UsageError) as failed:
+        stats.record([(IDS[0], "own")], "retrieve", None)
+    assert failed.value.code == "usage.write"
+    stats.record([(IDS[1], "own")], "retrieve", None)
+    stats.close()
+    reopened = UsageStats(tmp_path / "usage")
+    try:
+        assert [reopened.of(exp_id).count for exp_id in IDS] == [1, 1]
     finally:
         reopened.close()
 
