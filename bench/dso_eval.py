@@ -90,7 +90,9 @@ def evaluate(
         context = node.call("context", query=problem.problem, k=k)["prompt"]
         injected = len(re.findall(r"(?m)^\d+\. ", context.split("\n---\n")[0])) if "\n---\n" in context else 0
         outcome = Outcome(problem, injected=injected)
-        arms = {"without": problem.problem, "with": context}
+        # with nothing to inject the agent's prompt is unchanged (as the proxy forwards it), not the template's bare
+        # "# Problem" heading: the arms then differ only where the library has something to say
+        arms = {"without": problem.problem, "with": context if injected else problem.problem}
         for _ in range(group):
             for arm, prompt in arms.items():
                 messages = [{"role": "system", "content": ANSWER_INSTRUCTION}, {"role": "user", "content": prompt}]
