@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib.metadata
+import logging
 import math
 import re
 import time
@@ -41,14 +42,17 @@ from node.jsonrpc import (
     invalid_params,
 )
 from node.service import Busy, IngestFailed, Node, Stopping
+from node.usage import Usage, UsageError, UsageStats
 
 if TYPE_CHECKING:
     from p2p.service import P2PNode
 
+log = logging.getLogger("expledger.api")
 VERSION = importlib.metadata.version("experience-ledger")
 MAX_QUERY_CHARS = 10_000
 MAX_QUERIES = 1_000
 MAX_LIST = 1_000
+MAX_TOP = 1_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -141,11 +145,19 @@ def hit_json(hit: Hit) -> dict[str, Any]:
     }
 
 
-def _experience_view(view: LedgerView, record: ExperienceRecord, embedding: bool) -> dict[str, Any]:
+def _experience_view(view: LedgerView, record: ExperienceRecord, embedding: bool, usage: Usage) -> dict[str, Any]:
     block = view.block(record.version)
     assert block is not None
     proof = view.inclusion_proof(record.version)
-    shown = experience_json(record.id, block.op, upvotes=record.up, downvotes=record.down, merkle_proof=proof)
+    shown = experience_json(
+        record.id,
+        block.op,
+        upvotes=record.up,
+        downvotes=record.down,
+        usage_count=usage.count,
+        domains_applied=tuple(usage.domains_applied),
+        merkle_proof=proof,
+    )
     if not embedding:
         shown["embedding"]["values"] = (
             f"{len(shown['embedding']['values'])} float16 values (embedding: true shows them)"
@@ -198,9 +210,28 @@ def _content_json(content: Experience) -> dict[str, Any]:
 # --- the methods --------------------------------------------------------------------------------------
 
 
-def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None) -> None:
-    """Register every method of docs/RPC.md on `rpc`; `network` is None for a node without p2p."""
+async def record_usage(node: Node, usage: UsageStats, hits: list[Hit], how: str, domain: str | None) -> None:
+    """Count a serve; if the counts cannot be written (a full disk), the serve goes on: they are not the ledger."""
+    try:
+        await node.read(usage.record, [(hit.id, hit.domain) for hit in hits], how, domain)
+    except UsageError as exc:
+        log.warning("%s: %s", exc.code, exc.message)
+
+
+def register(
+    rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None, usage: UsageStats | None = None
+) -> None:
+    """Register every method of docs/RPC.md on `rpc`; `network` is None for a node without p2p, `usage` None for
+    a node that does not count serves (node/usage.py)."""
     ledger, params = node.ledger, node.ledger.params
+
+    def usage_of(exp_id: CID) -> Usage:
+        return usage.of(exp_id) if usage is not None else Usage()
+
+    async def served(hits: list[Hit], how: str, domain: str | None) -> None:
+        """Count a serve (synced to disk before the answer goes out: a count a client saw survives kill -9)."""
+        if usage is not None and hits:
+            await record_usage(node, usage, hits, how, domain)
 
     async def submit_block(data: bytes) -> dict[str, Any]:
         try:
@@ -334,7 +365,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
 
         def read() -> dict[str, Any]:
             view = ledger.view()
-            return _experience_view(view, existing(view, exp_id, "id"), full)
+            return _experience_view(view, existing(view, exp_id, "id"), full, usage_of(exp_id))
 
         return await node.read(read)
 
@@ -371,7 +402,10 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
                 if len(found) == count:
                     more = True
                     break
-                found.append(record.to_json())
+                counted = usage_of(record.id)
+                found.append(
+                    {**record.to_json(), "usage_count": counted.count, "domains_applied": counted.domains_applied}
+                )
             return {"experiences": found, "next_cursor": found[-1]["id"] if more else None}
 
         return await node.read(read)
@@ -401,6 +435,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
         started = time.perf_counter()
         hits = await node.read(node.retriever.retrieve, *args)
         node.metrics.retrieval_seconds.observe(time.perf_counter() - started)
+        await served(hits, "retrieve", args[3])
         return {"hits": [hit_json(hit) for hit in hits]}
 
     @rpc.method("context")
@@ -409,8 +444,32 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
     ) -> dict[str, Any]:
         question, count, floor, prefix = retrieval_args(query, k, threshold, domain)
         tokens = _integer(budget, "budget", 16, 1 << 20)
-        prompt = await node.read(node.retriever.context, question, count, floor, tokens, prefix)
+        prompt, hits = await node.read(node.retriever.injection, question, count, floor, tokens, prefix)
+        await served(hits, "context", prefix)
         return {"prompt": prompt}
+
+    @rpc.method("usage")
+    async def usage_method(id: Any = None, limit: Any = 20) -> dict[str, Any]:
+        exp_id = _optional(id, _cid, "id")
+        count = _integer(limit, "limit", 1, MAX_TOP)
+
+        def read() -> dict[str, Any]:
+            view = ledger.view()
+            if exp_id is not None:
+                ranked = [(exp_id, usage_of(existing(view, exp_id, "id").id))]
+            else:
+                ranked = usage.top(count) if usage is not None else []
+            found = []
+            for served_id, counted in ranked:
+                record = view.experience(served_id)
+                shown: dict[str, Any] = {"id": str(served_id), "status": None, "domain": None, "text": None}
+                if record is not None:  # a count outlives the ledger's data if that was reset
+                    shown |= {"status": record.status.value, "domain": record.domain}
+                    shown["text"] = view.content(record.version).text
+                found.append({**shown, **counted.to_json()})
+            return {"experiences": found, "tracked": len(usage) if usage is not None else 0}
+
+        return await node.read(read)
 
     @rpc.method("coverage")
     async def coverage(queries: Any, tau: Any = None) -> dict[str, Any]:

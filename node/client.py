@@ -140,6 +140,8 @@ def add_commands(commands: argparse._SubParsersAction, common: argparse.Argument
         parser.add_argument("--domain", help="only this domain and those under it")
         if name == "context":
             parser.add_argument("--budget", type=int, default=2048, help="tokens the prompt may use")
+    top = command("top", "the experiences this node served most (retrieve, context, proxy), with their domains")
+    top.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
     command("head", "the node's signed tree head")
     proof = command("proof", "RFC 9162 proofs from the node's log")
     proof.add_argument("kind", choices=["inclusion", "consistency"])
@@ -185,6 +187,8 @@ def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     }
     if name in simple:
         return {"connect": "peers.connect", "disconnect": "peers.disconnect"}.get(name, name), simple[name]
+    if name == "top":
+        return "usage", {"limit": args.limit}
     if name == "list":
         found = {key: getattr(args, key) for key in ("domain", "author", "status", "conflicted", "cursor")}
         return name, {"limit": args.limit, **{key: value for key, value in found.items() if value is not None}}
@@ -270,6 +274,18 @@ def render(method: str, result: Any) -> str:
             for o in result["operations"]
         ]
         return _table(["CLOCK", "KIND", "OUTCOME", "CID", "TEXT"], rows)
+    if method == "usage":
+        rows = [
+            [
+                str(e["usage_count"]),
+                e["id"],
+                e["domain"] or "-",
+                ",".join(e["domains_applied"]),
+                _cut(e["text"] or "", 50),
+            ]
+            for e in result["experiences"]
+        ]
+        return _table(["SERVED", "ID", "DOMAIN", "SERVED FOR", "TEXT"], rows) if rows else "nothing served yet"
     if method == "retrieve":
         rows = [[f"{h['score']:.3f}", h["id"], h["domain"], _cut(h["text"], 70)] for h in result["hits"]]
         return _table(["SCORE", "ID", "DOMAIN", "TEXT"], rows) if rows else "no experience above the threshold"

@@ -8,6 +8,7 @@ Layout (like Kubo's repo or Bitcoin Core's datadir):
     p2p.key         the libp2p identity: the peer id others dial (0600)
     p2p/            what this node has read of other nodes' logs, and evidence of forks
     data/           the ledger: LevelDB, node key, high-water mark, vector index
+    usage/          how often this node served each experience (LevelDB, outside the ledger and its state root)
     rpc.cookie      while the daemon runs: the token every RPC request carries (0600)
     rpc.url         while the daemon runs: where its RPC server listens
     p2p.addrs       while the daemon runs: its full libp2p multiaddrs, one per line
@@ -133,6 +134,28 @@ class LlmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """The OpenAI-compatible proxy that injects experiences into an agent's LLM calls (node/proxy.py)."""
+
+    #: host:port on which to serve /v1/chat/completions and /v1/models; "" (the default): no proxy
+    listen: str = ""
+    #: the OpenAI-compatible server to forward to; "": [llm] base_url (or EXPLEDGER_LLM_BASE_URL)
+    upstream: str = ""
+    k: int = 5  # experiences injected at most
+    budget: int = 2048  # tokens the injected prompt may use (the retrieval seed's max context length)
+    timeout: int = 300  # seconds to wait for the upstream's answer, or for its next bytes when streaming
+    max_body_bytes: int = 8 << 20
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     rpc: RpcConfig = RpcConfig()
     p2p: P2PConfig = P2PConfig()
@@ -140,6 +163,7 @@ class Config:
     ingest: IngestConfig = IngestConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     llm: LlmConfig = LlmConfig()
+    proxy: ProxyConfig = ProxyConfig()
 
 
 #: per section, each key with its expected type and a check of its value (None: any value of the type)
@@ -172,6 +196,14 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "curate_similarity": (float, "a cosine from 0.5 to 1.0"),
         "curate_calls_per_minute": (int, "an integer from 1 to 10000"),
     },
+    "proxy": {
+        "listen": (str, 'host:port, the host an IP address, or "" for no proxy'),
+        "upstream": (str, 'an http:// or https:// URL, or "" for [llm] base_url'),
+        "k": (int, "an integer from 1 to 100"),
+        "budget": (int, "tokens, an integer from 16 to 1048576"),
+        "timeout": (int, "seconds, an integer from 1 to 3600"),
+        "max_body_bytes": (int, "an integer from 1024 to 67108864"),
+    },
 }
 _SECTIONS = {
     "rpc": RpcConfig,
@@ -180,6 +212,7 @@ _SECTIONS = {
     "ingest": IngestConfig,
     "retrieval": RetrievalConfig,
     "llm": LlmConfig,
+    "proxy": ProxyConfig,
 }
 
 
@@ -272,6 +305,18 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 0.5 <= value <= 1.0
         case "llm", "curate_calls_per_minute":
             return 1 <= value <= 10_000
+        case "proxy", "listen":
+            return value == "" or _host_port(value)
+        case "proxy", "upstream":
+            return value == "" or _acceptable("llm", "base_url", value)
+        case "proxy", "k":
+            return 1 <= value <= 100
+        case "proxy", "budget":
+            return 16 <= value <= 1 << 20
+        case "proxy", "timeout":
+            return 1 <= value <= 3600
+        case "proxy", "max_body_bytes":
+            return 1024 <= value <= 64 << 20
     return False
 
 
@@ -348,4 +393,12 @@ model = "{config.retrieval.model}"
 # base_url = "http://127.0.0.1:8080/v1"
 # model = ""               # "": the server's first model
 # curate = false           # true: this daemon resolves conflicts and merges paraphrases with the LLM
+
+# [proxy]
+# An OpenAI-compatible endpoint for agents (see README): their chat requests get the library's experiences
+# and go on to `upstream` ("": [llm] base_url). Its api_key is the RPC token. Off unless `listen` is set.
+# listen = "127.0.0.1:8646"
+# upstream = ""
+# k = 5
+# budget = 2048
 """

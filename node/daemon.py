@@ -40,6 +40,7 @@ from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
 from node.server import NodeRoutes, ServerState
 from node.service import Node
+from node.usage import UsageStats
 from p2p.gossip import Allowance
 from p2p.host import key_pair
 from p2p.service import P2PNode, route_library_logs
@@ -62,6 +63,8 @@ KEEP_ALIVE_TIMEOUT = 30.0
 #: a client that stops reading is dropped by the kernel after this long with data unacknowledged
 TCP_USER_TIMEOUT_MS = 30_000
 LISTEN_BACKLOG = 128
+PROXY_URL_FILE = "proxy.url"  # while the daemon runs with a proxy: its base URL (for OpenAI clients)
+USAGE_DIR = "usage"  # the usage counts' LevelDB, in the home (node/usage.py)
 
 
 class StartupError(Exception):
@@ -78,6 +81,8 @@ class Startup:
     sock: socket.socket
     peer_key: AuthorKey  # the libp2p identity's seed
     local: LocalRetrieval | None  # the node-local retrieval model and its index ([retrieval] model)
+    usage: UsageStats  # how often each experience was served (HOME/usage, apart from the ledger)
+    proxy_sock: socket.socket | None = None  # the OpenAI-compatible proxy's listener ([proxy] listen)
 
 
 @dataclass
@@ -135,12 +140,22 @@ def start(home: Home, log_level: str | None = None) -> Startup:
             f"cannot listen on {config.rpc.listen} for RPC: {exc.strerror}; "
             f"is another node using it? Change [rpc] listen in {home.config_file}"
         ) from None
+    proxy_sock = None
+    if config.proxy.listen:
+        try:
+            proxy_sock = bind_listener(config.proxy.host, config.proxy.port)
+        except OSError as exc:
+            sock.close()
+            raise StartupError(
+                f"cannot listen on {config.proxy.listen} for the proxy: {exc.strerror}; "
+                f"Change [proxy] listen in {home.config_file}"
+            ) from None
     for addr in config.p2p.listen:
         host, port = _multiaddr_host_port(addr)
         try:
             bind_listener(host, port).close()  # a port in use is reported now, in one line, not deep in libp2p
         except OSError as exc:
-            sock.close()
+            _close(sock, proxy_sock)
             raise StartupError(
                 f"cannot listen on {addr} for p2p: {exc.strerror}; is another node using it? "
                 f"Change [p2p] listen in {home.config_file}"
@@ -151,12 +166,24 @@ def start(home: Home, log_level: str | None = None) -> Startup:
         model = load_model(config.retrieval.model)  # refused before the data is opened if it cannot be loaded
         ledger = Ledger.open(home.data_dir, params)
     except LedgerError as exc:
-        sock.close()
+        _close(sock, proxy_sock)
         if exc.code == "store.open" and "lock" in exc.message.lower():
             raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
         raise
     local = LocalRetrieval(ledger, model) if model is not None else None
-    return Startup(config, ledger, author, sock, peer_key, local)
+    try:
+        usage = UsageStats(home.path / USAGE_DIR)
+    except LedgerError:
+        _close(sock, proxy_sock)
+        ledger.close()
+        raise
+    return Startup(config, ledger, author, sock, peer_key, local, usage, proxy_sock)
+
+
+def _close(*socks: socket.socket | None) -> None:
+    for sock in socks:
+        if sock is not None:
+            sock.close()
 
 
 async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
@@ -193,7 +220,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         node.committed.append(embedding.committed)
     network = _network(home, startup, node) if config.p2p.listen else None
     dispatcher = Dispatcher(max_batch=config.rpc.max_batch, observer=metrics)
-    api.register(dispatcher, node, control.drain, network)
+    api.register(dispatcher, node, control.drain, network, startup.usage)
     token = secrets.token_hex(32)
     write_file_atomically(home.cookie_file, f"__cookie__:{token}".encode())
     view = ledger.view()
@@ -262,6 +289,10 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
             host, port = startup.sock.getsockname()[:2]
             nursery.start_soon(stop_serving)
             await nursery.start(serve_then_close_queue)
+            if startup.proxy_sock is not None:
+                proxy_url = await nursery.start(_serve_proxy, startup, node, state, server_stopping)
+                write_file_atomically(home.path / PROXY_URL_FILE, (proxy_url + "\n").encode())
+                log.info("proxy: OpenAI-compatible endpoint on %s", proxy_url)
             if config.llm.curate:
                 from node.dso import curator  # the model's client loads only in a daemon that curates
 
@@ -273,8 +304,38 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)
     finally:
-        for path in (home.cookie_file, home.url_file, home.p2p_addrs_file):
+        for path in (home.cookie_file, home.url_file, home.p2p_addrs_file, home.path / PROXY_URL_FILE):
             path.unlink(missing_ok=True)
+
+
+async def _serve_proxy(
+    startup: Startup, node: Node, state: ServerState, stopping: trio.Event, *, task_status: trio.TaskStatus[str]
+) -> None:
+    """The OpenAI-compatible proxy (node/proxy.py) until the node drains; started with its base URL."""
+    import httpx  # loaded only by a daemon with a proxy
+
+    from node.dso.llm import NO_KEY, LlmSettings
+    from node.proxy import ProxyRoutes, Upstream
+
+    config = startup.config.proxy
+    llm = LlmSettings.resolve(startup.config.llm)
+    upstream = Upstream(config.upstream or llm.base_url, None if llm.api_key == NO_KEY else llm.api_key, config.timeout)
+    timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
+    sock = startup.proxy_sock
+    assert sock is not None
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client, trio.open_nursery() as nursery:
+        routes = ProxyRoutes(state, node, startup.usage, upstream, client, config.k, config.budget)
+        server = HttpServer(
+            routes.handle,
+            routes.websocket,
+            max_body=config.max_body_bytes,
+            idle_timeout=KEEP_ALIVE_TIMEOUT,
+            graceful_timeout=GRACEFUL_TIMEOUT,
+        )
+        sock.listen(LISTEN_BACKLOG)
+        host, port = sock.getsockname()[:2]
+        await nursery.start(server.serve, trio.SocketListener(trio.socket.from_stdlib_socket(sock)), stopping)
+        task_status.started(f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
 
 
 def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
@@ -328,9 +389,10 @@ def run(home: Home, log_level: str | None = None) -> int:
     except* KeyboardInterrupt:  # raised inside a nursery it arrives wrapped in a BaseExceptionGroup
         log.warning("interrupted before the signal handler was ready")
     finally:
-        startup.sock.close()  # a no-op once the server's listener closed it
+        _close(startup.sock, startup.proxy_sock)  # a no-op once the servers' listeners closed them
         if startup.local:
             startup.local.close()
+        startup.usage.close()
         startup.ledger.close()  # saves the vector index, closes LevelDB
         home.pid_file.unlink(missing_ok=True)
         log.info("stopped")

@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
@@ -65,6 +65,9 @@ class Response:
     body: bytes = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # besides length, date and connection
     close: bool = False  # close the connection after this answer
+    #: a body sent as it is produced (chunked), instead of `body`: the proxy's server-sent events. If it fails
+    #: part way, the connection closes (the client sees a cut answer, never a wrong one)
+    stream: AsyncIterator[bytes] | None = None
 
 
 def text_response(status: int, text: str, *headers: tuple[bytes, bytes]) -> Response:
@@ -390,7 +393,21 @@ class HttpServer:
         elif request is not None and request.version == "1.0":  # an HTTP/1.0 client asked to keep it open
             lines.append(b"connection: keep-alive")
         head = request is not None and request.method == "HEAD"
+        if response.stream is not None:
+            await self._send_stream(stream, lines, response.stream)
+            return
         await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body))
+
+    async def _send_stream(self, stream: trio.SocketStream, lines: list[bytes], chunks: AsyncIterator[bytes]) -> None:
+        """The head, then each chunk as it comes (RFC 9112 §7.1 chunked coding)."""
+        lines = [line for line in lines if not line.startswith(b"content-length: ")]
+        lines.append(b"transfer-encoding: chunked")
+        await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async for chunk in chunks:
+                if chunk:
+                    await stream.send_all(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        await stream.send_all(b"0\r\n\r\n")
 
     def _now(self) -> bytes:
         """The Date header's value, formatted once a second."""

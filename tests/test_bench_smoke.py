@@ -113,3 +113,32 @@ def test_thread_cpu_skips_a_thread_that_ends_while_its_files_are_read(monkeypatc
         release.set()
         ending.join()
     assert ending.native_id not in threads and threads  # the others are still counted
+
+
+def test_bench_usage_prints_its_figures(tmp_path: Path) -> None:
+    out = _run(tmp_path, "bench.bench_usage", "--serves", "40", "--threads", "4")
+    for figure in ("synced, one thread", "unsynced, one thread (baseline)", "4 threads at once", "ratio"):
+        assert figure in out, out
+
+
+def test_bench_dso_eval_grades_both_arms(tmp_path: Path) -> None:
+    """Against a fake model that answers right only when the library's template is in the prompt: the arms'
+    accuracies are 0 and 1 wherever an experience was injected."""
+    import json
+
+    from tests.dso_fakes import Reply, fake_llm
+
+    problems = [json.loads(line) for line in (ROOT / "bench" / "eval" / "problems.jsonl").read_text().splitlines()]
+    answers = {problem["problem"]: problem["answer"] for problem in problems}
+
+    def reply(request: dict) -> Reply:
+        prompt = request["messages"][-1]["content"]
+        question = prompt.rsplit("# Problem\n\n", 1)[-1]
+        return Reply(f"Answer: {answers[question]}" if prompt.startswith("# Learned Experiences") else "Answer: -1")
+
+    with fake_llm(reply) as fake:
+        out = _run(tmp_path, "bench.bench_dso", "--eval", "--base-url", fake.url, "--limit", "3", "-G", "2")
+    served = int(re.search(r"at least one experience: (\d)/3", out).group(1))
+    assert re.search(r"without library\s+0/6\s+0\.000", out), out
+    assert re.search(rf"with library\s+{2 * served}/6 ", out), out
+    assert "95% paired bootstrap over problems" in out, out
