@@ -9,6 +9,7 @@ each experience. It stops at the first difference and says which experience it c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
@@ -62,6 +63,20 @@ class AuditResult:
             "difference": self.difference.to_json() if self.difference else None,
             "message": self.line(),
         }
+
+
+def every(seconds: float, emit: Callable[[str], None]) -> Progress:
+    """A progress callback that emits a line ("audit: folding 40000 of 100000") at most every `seconds`, and at the end
+    of each stage: for logs, and for a command whose output is not a terminal."""
+    last = [float("-inf")]
+
+    def tell(stage: str, done: int, of: int) -> None:
+        now = time.monotonic()
+        if done == of or now - last[0] >= seconds:
+            last[0] = now
+            emit(f"audit: {stage} {done} of {of}")
+
+    return tell
 
 
 def audit(view: LedgerView, params: NetworkParams, progress: Progress | None = None) -> AuditResult:
