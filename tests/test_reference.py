@@ -29,7 +29,7 @@ HORIZONS = st.sampled_from([1, 3, 8, f.PARAMS.causal_horizon])
 ABSORPTION_HORIZONS = st.sampled_from([1, 2, 3, f.PARAMS.absorption_horizon])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), size=st.integers(2, 30), causal=HORIZONS, absorption=ABSORPTION_HORIZONS)
 def test_the_library_equals_the_reference_fold_after_every_batch(tmp_path_factory, seed, size, causal, absorption):
     """Random histories with copies and operations acting on them, in random batches: after each batch (and after
@@ -51,7 +51,7 @@ def test_the_library_equals_the_reference_fold_after_every_batch(tmp_path_factor
         ledger.close()
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), causal=HORIZONS, absorption=ABSORPTION_HORIZONS)
 def test_operations_sorting_before_a_long_history_fold_to_the_reference(tmp_path_factory, seed, causal, absorption):
     """A history folded first, then low-clock copies and operations just above old experiences, one at a time:
