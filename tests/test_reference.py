@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger import reference
+from ledger import records, reference
 from ledger.cid import CID
 from ledger.ops import Kind
 from ledger.records import Life, Outcome
@@ -51,11 +51,17 @@ def test_the_library_equals_the_reference_fold_after_every_batch(tmp_path_factor
         ledger.close()
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize("listed", ["inline", "outside"])
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**32 - 1), causal=HORIZONS, absorption=ABSORPTION_HORIZONS)
-def test_operations_sorting_before_a_long_history_fold_to_the_reference(tmp_path_factory, seed, causal, absorption):
+def test_operations_sorting_before_a_long_history_fold_to_the_reference(
+    tmp_path_factory, monkeypatch, listed, seed, causal, absorption
+):
     """A history folded first, then low-clock copies and operations just above old experiences, one at a time:
-    each takes back, rewinds or takes over what sorts after it, and the library stays the reference fold."""
+    each takes back, rewinds or takes over what sorts after it, and the library stays the reference fold.
+    `outside`: every record keeps its lists of absorbed ids and deletes in the U table (what only long lists do)."""
+    if listed == "outside":
+        monkeypatch.setattr(records, "INLINE_LIST", 0)
     rng = random.Random(seed)
     history = random_history(rng, 150)
     late = acting_on(rng, [b for b in history if b.op.clock <= 4], 10, 60)
