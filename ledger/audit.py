@@ -96,7 +96,11 @@ def read_log(view: LedgerView, tell: Progress) -> tuple[dict[bytes, Operation], 
     for start in range(0, view.log_size, _CHUNK):
         tell("reading the log", start, view.log_size)
         end = min(start + _CHUNK, view.log_size)
-        for position, data in zip(range(start, end), view.entries(start, end), strict=True):
+        try:
+            entries = view.entries(start, end)
+        except LedgerError as exc:
+            return operations, Difference(None, f"log positions {start} to {end - 1} are unreadable ({exc})")
+        for position, data in zip(range(start, end), entries, strict=True):
             cid = view.logged(position)
             if CID.for_block(data) != cid:
                 return operations, Difference(None, f"log position {position} ({cid}): its bytes have another CID")
@@ -109,9 +113,8 @@ def compare(
     view: LedgerView, operations: dict[bytes, Operation], expected: reference.ReferenceLibrary, tell: Progress
 ) -> Difference | None:
     """The first difference between the view's library and the reference's: state root, records, statuses, votes."""
-    if view.state_root() != expected.state_root:
-        return Difference(None, f"state root {view.state_root().hex()} in the library, {expected.state_root.hex()} in "
-                          "the reference (the set of stored operations)")  # fmt: skip
+    if (root := view.state_root()) != expected.state_root:
+        return Difference(None, f"state root {root.hex()} in the library, {expected.state_root.hex()} in the reference")
     total = len(expected.records) + len(operations)
     for done, found in enumerate(_record_differences(view, expected)):
         if found is not None:
@@ -123,7 +126,7 @@ def compare(
             tell("comparing", done, total)
         try:
             have = view.status(CID(cid))
-        except (LedgerError, KeyError, AssertionError) as exc:
+        except Exception as exc:  # damaged (a store or decoder error, a value of the wrong shape): named, not fatal
             return Difference(_about(cid, operations[cid]), f"status of {CID(cid)} unreadable ({exc})")
         if have != want:
             what = f"status of {operations[cid].kind} {CID(cid)}: {_said(have)} in the library, {_said(want)} in the"
@@ -137,13 +140,13 @@ def _record_differences(view: LedgerView, expected: reference.ReferenceLibrary) 
     for exp_id in sorted(expected.records):
         try:
             have = view.experience(CID(exp_id))
-        except LedgerError as exc:
+        except Exception as exc:  # damaged (a store or decoder error, a value of the wrong shape): named, not fatal
             yield Difference(CID(exp_id), f"its record is unreadable ({exc})")
             return
         yield _record_difference(have, expected.records[exp_id], CID(exp_id))
     try:
         extra = next((record.id for record in view.experiences() if record.id.raw not in expected.records), None)
-    except LedgerError as exc:
+    except Exception as exc:  # likewise
         yield Difference(None, f"the library's records are unreadable ({exc})")
         return
     if extra is not None:

@@ -64,23 +64,31 @@ def test_a_running_node_audits_itself_and_refuses_an_offline_audit_of_its_direct
         assert held.returncode == 2 and "ledger.in_use" in held.stderr and "--home" in held.stderr
 
 
-def _support(record: ExperienceRecord) -> None:
+def _support(record: ExperienceRecord) -> bytes:
     record.support += 1
+    return record.pack()
 
 
-def _vote_count(record: ExperienceRecord) -> None:
+def _vote_count(record: ExperienceRecord) -> bytes:
     record.up += 1
+    return record.pack()
 
 
-def _absorbed_list(record: ExperienceRecord) -> None:
+def _absorbed_list(record: ExperienceRecord) -> bytes:
     record.absorbed.pop()
+    return record.pack()
 
 
-#: ways to alter one stored record: its support, its vote count, its list of absorbed adds
-ALTERATIONS = [_support, _vote_count, _absorbed_list]
+def _damaged(record: ExperienceRecord) -> bytes:
+    return record.pack()[:-3]
 
 
-@pytest.mark.parametrize("alter", ALTERATIONS, ids=["record", "vote_count", "absorbed"])
+#: ways to alter one stored record (each gives the bytes stored in its place): its support, its vote count, its list
+#: of absorbed adds, its bytes cut short
+ALTERATIONS = [_support, _vote_count, _absorbed_list, _damaged]
+
+
+@pytest.mark.parametrize("alter", ALTERATIONS, ids=["record", "vote_count", "absorbed", "damaged"])
 def test_a_record_altered_in_leveldb_is_named_with_how_it_differs(home: Path, tmp_path: Path, alter) -> None:
     """On a copy of the data directory, one record altered: the audit exits 1 naming that experience."""
     copy = tmp_path / "data"
@@ -92,8 +100,7 @@ def test_a_record_altered_in_leveldb_is_named_with_how_it_differs(home: Path, tm
             for _, raw in store.scan(experience_key(b""))
             if (record := ExperienceRecord.unpack(raw)).status is not Life.ALIAS and record.absorbed
         )
-        alter(chosen)
-        store.write({experience_key(chosen.id.raw): chosen.pack()})
+        store.write({experience_key(chosen.id.raw): alter(chosen)})
     finally:
         store.close()
     result = expledger("--network", str(home / "network.json"), "audit", "--ledger", str(copy))
