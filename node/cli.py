@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 EXIT_INVALID = 1
 EXIT_USAGE = 2
-#: seconds `audit` waits for a running node's answer: it folds the whole log again (~30 s per 100k operations)
+#: seconds `audit` waits for a running node's answer: it folds the whole log again (~40 s per 100k operations)
 AUDIT_TIMEOUT = 3600.0
 #: seconds between the progress lines `audit --ledger` writes when stderr is not a terminal
 AUDIT_PROGRESS_SECONDS = 5.0
