@@ -2279,26 +2279,34 @@ class Library:
         return OpStatus.applied(cid)
 
     def _concurrently_voided(self, records: _Records, cid: bytes, meta: OpMeta) -> OpStatus | None:
-        """The merge's verdict if a delete or modify of a source is concurrent with it (Delete > Modify > merge),
-        found among the whole applied set; None if none is."""
+        """The merge's verdict if a delete or modify of a source is concurrent with it, found among the whole applied
+        set (§7.4: Delete > Modify > merge over all the sources, naming the canonically first); None if none is."""
         delete, modify = _KIND_BYTE[Kind.DELETE], _KIND_BYTE[Kind.MODIFY]
-        for target, kind in ((target, kind) for target in meta.targets for kind in (delete, modify)):
-            for key, _ in records.scan(by_target_prefix(target, kind)):
-                other = order_cid(parse_by_target_key(key)[1])
-                if self.clock_void(records, self.meta(records, other)) is not None:
-                    continue  # void by its clock: it acts on nothing, not even a merge
-                if kind == delete and not self.is_ancestor(records, cid, other):
-                    return OpStatus.void(
-                        "merge.concurrent_delete", f"{CID(other)} deletes a source (delete beats merge)"
-                    )
-                if (
-                    kind == modify
-                    and not self.is_ancestor(records, other, cid)
-                    and not self.is_ancestor(records, cid, other)
-                ):
-                    return OpStatus.void(
-                        "merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)"
-                    )
+        for kind in (delete, modify):
+            found = [first for target in meta.targets if (first := self._first_concurrent(records, cid, target, kind))]
+            if not found:
+                continue
+            other = order_cid(min(found))
+            if kind == delete:
+                return OpStatus.void("merge.concurrent_delete", f"{CID(other)} deletes a source (delete beats merge)")
+            return OpStatus.void("merge.concurrent_modify", f"{CID(other)} modifies a source (modify beats merge)")
+        return None
+
+    def _first_concurrent(self, records: _Records, merge: bytes, target: bytes, kind: bytes) -> bytes | None:
+        """The order of the canonically first delete (or modify: `kind`) naming `target` that voids the merge."""
+        for key, _ in records.scan(by_target_prefix(target, kind)):
+            order = parse_by_target_key(key)[1]
+            other = order_cid(order)
+            if self.clock_void(records, self.meta(records, other)) is not None:
+                continue  # void by its clock: it acts on nothing, not even a merge
+            if kind == _KIND_BYTE[Kind.DELETE] and not self.is_ancestor(records, merge, other):
+                return order
+            if (
+                kind == _KIND_BYTE[Kind.MODIFY]
+                and not self.is_ancestor(records, other, merge)
+                and not self.is_ancestor(records, merge, other)
+            ):
+                return order
         return None
 
 

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledger.audit import audit as audit_view
+from ledger.audit import every
 from ledger.cid import CID, CIDError
 from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Submission, Verdict
@@ -49,6 +51,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("expledger.api")
 VERSION = importlib.metadata.version("experience-ledger")
+#: seconds between the progress lines an audit logs
+AUDIT_PROGRESS_SECONDS = 10.0
 MAX_QUERY_CHARS = 10_000
 MAX_QUERIES = 1_000
 MAX_LIST = 1_000
@@ -518,6 +522,20 @@ def register(
             return {"state_root": view.state_root().hex(), "log_size": view.log_size}
 
         return await node.read(read)
+
+    auditing = trio.Lock()
+
+    @rpc.method("audit")
+    async def audit() -> dict[str, Any]:
+        """Fold the log again with the reference fold and compare it with the library, on a reader thread: one at a
+        time (it holds every operation in memory), on the state committed when it starts."""
+        if auditing.locked():
+            raise RpcError(BUSY, "an audit is running; retry when it ends", {"code": "audit.busy"})
+        async with auditing:
+            progress = every(AUDIT_PROGRESS_SECONDS, log.info)
+            result = await node.read(lambda: audit_view(ledger.view(), params, progress))
+        log.info("audit: %s", result.line())
+        return result.to_json()
 
     def retrieval_status() -> dict[str, Any]:
         local = node.retriever.local

@@ -1,5 +1,5 @@
 """`expledger`: the command line. A node (`init`, `daemon`), its RPC client (`status`, `add`, `get`, ...),
-and offline tools (`keygen`, `op new`, `op inspect`).
+and offline tools (`keygen`, `op new`, `op inspect`, `audit --ledger`).
 
 Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
 0 success (or a valid operation), 1 an invalid operation or an error the node answered, 2 bad
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from ledger.cid import CID, CIDError
 from ledger.embedder import embedder_for
@@ -28,12 +28,19 @@ from ledger.ops import Block, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.validation import check_embeddings, examine
 from node import client
-from node.config import HOME_ENV, default_home
+from node.config import HOME_ENV, NETWORK_FILE, default_home
 from node.dso import cli as dso_cli
 from node.home import Home
 
+if TYPE_CHECKING:
+    from ledger.audit import AuditResult
+
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+#: seconds `audit` waits for a running node's answer: it folds the whole log again (~40 s per 100k operations)
+AUDIT_TIMEOUT = 3600.0
+#: seconds between the progress lines `audit --ledger` writes when stderr is not a terminal
+AUDIT_PROGRESS_SECONDS = 5.0
 
 #: flags that carry text into an operation: argv holds raw bytes, and Python hands bytes that are
 #: not UTF-8 over as lone surrogates (U+DC80-U+DCFF), which no operation can carry
@@ -405,6 +412,68 @@ def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
     return 0 if not errors else EXIT_INVALID
 
 
+def cmd_audit(args: argparse.Namespace, network: NetworkParams | None) -> int:
+    """Compare a node's library with the reference fold of PROTOCOL §7: one line, exit 0 when they match, 1 at the
+    first difference (naming the experience and how). `--ledger`: a stopped node's data directory; else the
+    running daemon of `--home` audits itself."""
+    if args.ledger is None:
+        try:
+            answer = client.Client(Home(args.home), timeout=AUDIT_TIMEOUT).call("audit")
+        except client.DaemonUnavailable as exc:
+            _emit(f"expledger: error: {exc.code}: {exc.message} (a stopped node: audit --ledger DIR)", sys.stderr)
+            return client.EXIT_UNAVAILABLE
+        except client.RpcFailed as exc:
+            _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
+            return EXIT_INVALID
+        _emit(json.dumps(answer, indent=2) if args.json else answer["message"])
+        return 0 if answer["matches"] else EXIT_INVALID
+    result = _audit_data_dir(Path(args.ledger), network)
+    _emit(json.dumps(result.to_json(), indent=2) if args.json else result.line())
+    return 0 if result.matches else EXIT_INVALID
+
+
+def _audit_data_dir(path: Path, network: NetworkParams | None) -> AuditResult:
+    """Audit a data directory no daemon holds, under the network's parameters: `--network`, else those of the home
+    it lies in, else the defaults (a directory of another network is refused)."""
+    from ledger.audit import audit as audit_view
+    from ledger.ledger import DB_DIR, Ledger
+    from ledger.store import StoreError
+
+    if not (path / DB_DIR).is_dir():
+        raise UsageError("args.ledger", f"--ledger {path}: not a node's data directory (no {DB_DIR} in it)")
+    if network is None:
+        home_network = path.parent / NETWORK_FILE
+        network = NetworkParams.from_file(home_network) if home_network.is_file() else NetworkParams()
+    try:
+        ledger = Ledger.open(path, network)
+    except StoreError as exc:
+        if exc.code == "store.open" and "lock" in exc.message:
+            raise UsageError(
+                "ledger.in_use",
+                f"--ledger {path}: a running node holds this data directory; ask it to audit itself: "
+                f"expledger audit --home HOME (without --ledger)",
+            ) from None
+        raise
+    try:
+        return audit_view(ledger.view(), network, _audit_progress())
+    finally:
+        ledger.close()
+
+
+def _audit_progress() -> Callable[[str, int, int], None]:
+    """Progress on stderr: one line rewritten in place on a terminal, a line every few seconds otherwise."""
+    from ledger.audit import every
+
+    if not sys.stderr.isatty():
+        return every(AUDIT_PROGRESS_SECONDS, lambda line: _emit(line, sys.stderr))
+
+    def show(stage: str, done: int, of: int) -> None:
+        sys.stderr.write(f"\r\033[Kaudit: {stage} {done} of {of}" + ("\n" if done == of else ""))
+        sys.stderr.flush()
+
+    return show
+
+
 def _vote_value(text: str) -> int:
     values = {"+1": 1, "1": 1, "up": 1, "-1": -1, "down": -1}
     if text not in values:
@@ -463,6 +532,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="check the library against the reference fold of PROTOCOL §7: exit 0 if it matches, 1 at a difference",
+    )
+    audit.add_argument(
+        "--ledger",
+        metavar="DIR",
+        help="a stopped node's data directory (HOME/data); without it the running daemon of --home audits itself",
+    )
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
     keygen.add_argument("--out", required=True, metavar="FILE", help="where to write the key; must not exist")
 
@@ -542,6 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return daemon.run(Home(args.home), args.log_level)
         if args.command == "id":
             return cmd_id(args)
+        if args.command == "audit":
+            return cmd_audit(args, params if args.network else None)
         if args.command == "dso":
             return dso_cli.run(args)
         if getattr(args, "client_command", None) == "submit":
