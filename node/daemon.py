@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import secrets
 import select
 import signal
@@ -62,6 +63,9 @@ KEEP_ALIVE_TIMEOUT = 30.0
 #: a client that stops reading is dropped by the kernel after this long with data unacknowledged
 TCP_USER_TIMEOUT_MS = 30_000
 LISTEN_BACKLOG = 128
+#: file descriptors the daemon needs besides its RPC connections: LevelDB keeps up to 1000 table files open,
+#: then block files, libp2p connections, logs
+OTHER_DESCRIPTORS = 2048
 
 
 class StartupError(Exception):
@@ -104,6 +108,24 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def raise_descriptor_limit(wanted: int) -> None:
+    """Raise the soft limit on open files towards `wanted`, as far as the hard limit allows (Bitcoin Core and geth
+    do the same at start): a soft limit of 1024 would leave a full RPC server failing to accept, or LevelDB failing
+    to open a table file. Says so in the log when the hard limit is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # macOS refuses more than its kernel's per-process maximum
+        target = soft
+    if target < wanted:
+        log.warning(
+            "open files are limited to %d (ulimit -n); [rpc] max_connections and the database want %d", target, wanted
+        )
+
+
 def _multiaddr_host_port(addr: str) -> tuple[str, int]:
     """(host, port) of a /ip4|ip6/HOST/tcp/PORT multiaddr (config.py checked its form)."""
     parts = addr.split("/")
@@ -128,6 +150,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
     pid = _running_daemon(home)
     if pid is not None:
         raise StartupError(f"a daemon is already running on {home.path} (pid {pid}); stop it first")
+    raise_descriptor_limit(config.rpc.max_connections + OTHER_DESCRIPTORS)
     try:
         sock = bind_listener(config.rpc.host, config.rpc.port)
     except OSError as exc:
@@ -214,6 +237,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         max_body=config.rpc.max_body_bytes,
         idle_timeout=KEEP_ALIVE_TIMEOUT,
         graceful_timeout=GRACEFUL_TIMEOUT,
+        header_timeout=config.rpc.header_timeout,
+        max_connections=config.rpc.max_connections,
+        holds_token=routes.holds_token,
         refused=lambda reason: metrics.http_rejected.labels(reason).inc(),
     )
     server_stopping = trio.Event()
