@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib.metadata
+import logging
 import math
 import re
 import time
@@ -30,6 +31,7 @@ from ledger.retrieval import DEFAULT_BUDGET, DEFAULT_K, INLINE_EMBED, Hit
 from ledger.view import LedgerView
 from node.jsonrpc import (
     BUSY,
+    ECHO_CHARS,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     NOT_FOUND,
@@ -38,12 +40,15 @@ from node.jsonrpc import (
     UNAVAILABLE,
     Dispatcher,
     RpcError,
+    clip,
     invalid_params,
 )
 from node.service import Busy, IngestFailed, Node, Stopping
 
 if TYPE_CHECKING:
     from p2p.service import P2PNode
+
+log = logging.getLogger(__name__)
 
 VERSION = importlib.metadata.version("experience-ledger")
 MAX_QUERY_CHARS = 10_000
@@ -71,7 +76,7 @@ def _integer(value: Any, field: str, low: int, high: int) -> int:
     if type(value) is not int:
         raise invalid_params(field, f"expected an integer, got {_type(value)}")
     if not low <= value <= high:
-        raise invalid_params(field, f"{value} is outside {low}..{high}", "params.range")
+        raise invalid_params(field, f"{clip(str(value))} is outside {low}..{high}", "params.range")
     return value
 
 
@@ -90,7 +95,7 @@ def _boolean(value: Any, field: str) -> bool:
 
 
 def _cid(value: Any, field: str) -> CID:
-    text = _text(value, field, limit=200)
+    text = _text(value, field, limit=ECHO_CHARS)  # a CID is 59 characters; a longer one is refused unquoted
     try:
         return CID.parse(text, field=field)
     except CIDError as exc:
@@ -268,7 +273,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
             elif encoding == "base64":
                 data = base64.b64decode(text, validate=True)
             else:
-                raise invalid_params("encoding", f"{encoding!r} is not 'hex' or 'base64'", "params.range")
+                raise invalid_params("encoding", f"{clip(repr(encoding))} is not 'hex' or 'base64'", "params.range")
         except (ValueError, binascii.Error):
             raise invalid_params("operation", f"not valid {encoding}", "params.encoding") from None
         return await submit_block(data)
@@ -522,13 +527,19 @@ def register_network(rpc: Dispatcher, network: P2PNode) -> None:
         try:
             parse_peer_addr(text)
         except LedgerError as exc:
-            raise invalid_params("addr", exc.message, exc.code) from None
+            log.info("peers.connect: %s", exc.message)
+            raise invalid_params("addr", f"{clip(text)} is not a multiaddr ending in /p2p/PEERID", exc.code) from None
         try:
             peer_id = await network.connect(text)
+        except LedgerError as exc:  # this node itself: p2p.self_dial
+            raise invalid_params("addr", exc.message.removeprefix("addr: "), exc.code) from None
         except trio.TooSlowError:
-            raise RpcError(UNAVAILABLE, f"{text}: no answer within the dial timeout", {"code": "p2p.dial"}) from None
+            message = f"{clip(text)}: no answer within the dial timeout"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         except Exception as exc:  # libp2p raises many types for a failed dial
-            raise RpcError(UNAVAILABLE, f"{text}: cannot connect ({exc})", {"code": "p2p.dial"}) from None
+            log.info("peers.connect: dialling %s failed: %r", text, exc)
+            message = f"{clip(text)}: cannot connect (the node's log says why)"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         return {"peer_id": str(peer_id), "connected": True}
 
     @rpc.method("peers.disconnect")
