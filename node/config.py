@@ -65,7 +65,7 @@ class RpcConfig:
     max_body_bytes: int = 1 << 20
     max_batch: int = 100
     #: connections open at once; when full, a new one evicts the oldest that has shown no token (503 if none)
-    max_connections: int = 512
+    max_connections: int = 1024
     #: seconds a request's head may take to arrive whole (a connection's first: from its accept)
     header_timeout: int = 5
 

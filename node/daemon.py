@@ -66,6 +66,7 @@ LISTEN_BACKLOG = 128
 #: file descriptors the daemon needs besides its RPC connections: LevelDB keeps up to 1000 table files open,
 #: then block files, libp2p connections, logs
 OTHER_DESCRIPTORS = 2048
+MIN_RPC_CONNECTIONS = 64
 
 
 class StartupError(Exception):
@@ -82,6 +83,7 @@ class Startup:
     sock: socket.socket
     peer_key: AuthorKey  # the libp2p identity's seed
     local: LocalRetrieval | None  # the node-local retrieval model and its index ([retrieval] model)
+    rpc_connections: int  # [rpc] max_connections, or fewer when the open-files limit is short
 
 
 @dataclass
@@ -108,22 +110,31 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def raise_descriptor_limit(wanted: int) -> None:
-    """Raise the soft limit on open files towards `wanted`, as far as the hard limit allows (Bitcoin Core and geth
-    do the same at start): a soft limit of 1024 would leave a full RPC server failing to accept, or LevelDB failing
-    to open a table file. Says so in the log when the hard limit is too low."""
+def rpc_connections(wanted: int) -> int:
+    """How many RPC connections to serve at once: `wanted` ([rpc] max_connections), or fewer if the open-files limit
+    cannot be raised for them. The soft limit is raised as far as the hard limit allows (Bitcoin Core and geth do
+    the same at start): at a soft limit of 1024 a full RPC server would fail to accept, or LevelDB to open a table
+    file; when even the hard limit is short, half of it goes to RPC and the log says so (as Bitcoin Core reduces
+    -maxconnections)."""
+    needed = wanted + OTHER_DESCRIPTORS
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY or soft >= wanted:
-        return
-    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError):  # macOS refuses more than its kernel's per-process maximum
         target = soft
-    if target < wanted:
-        log.warning(
-            "open files are limited to %d (ulimit -n); [rpc] max_connections and the database want %d", target, wanted
-        )
+    if target >= needed:
+        return wanted
+    served = min(wanted, max(MIN_RPC_CONNECTIONS, target // 2))
+    log.warning(
+        "open files are limited to %d (ulimit -n): serving %d RPC connections at once, not [rpc] max_connections = %d",
+        target,
+        served,
+        wanted,
+    )
+    return served
 
 
 def _multiaddr_host_port(addr: str) -> tuple[str, int]:
@@ -150,7 +161,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
     pid = _running_daemon(home)
     if pid is not None:
         raise StartupError(f"a daemon is already running on {home.path} (pid {pid}); stop it first")
-    raise_descriptor_limit(config.rpc.max_connections + OTHER_DESCRIPTORS)
+    connections = rpc_connections(config.rpc.max_connections)
     try:
         sock = bind_listener(config.rpc.host, config.rpc.port)
     except OSError as exc:
@@ -179,7 +190,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
             raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
         raise
     local = LocalRetrieval(ledger, model) if model is not None else None
-    return Startup(config, ledger, author, sock, peer_key, local)
+    return Startup(config, ledger, author, sock, peer_key, local, connections)
 
 
 async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
@@ -238,7 +249,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         idle_timeout=KEEP_ALIVE_TIMEOUT,
         graceful_timeout=GRACEFUL_TIMEOUT,
         header_timeout=config.rpc.header_timeout,
-        max_connections=config.rpc.max_connections,
+        max_connections=startup.rpc_connections,
         holds_token=routes.holds_token,
         refused=lambda reason: metrics.http_rejected.labels(reason).inc(),
     )

@@ -58,7 +58,7 @@ log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
 MAX_HEAD_BYTES = 65536  # request line and headers; more is refused (431)
-MAX_CONNECTIONS = 512  # open at once, by default (see "Slots" above)
+MAX_CONNECTIONS = 1024  # open at once, by default (see "Slots" above)
 HEADER_TIMEOUT = 5.0  # seconds a request's head may take to arrive whole, by default
 #: request headers that must appear once (RFC 9110 §5.3: only list-valued fields may repeat; RFC 9112 §3.2: two
 #: Host lines are a 400)

@@ -234,7 +234,7 @@ def test_slow_connections_are_closed_at_the_header_deadline_and_token_holders_st
     home = tmp_path / "home"
     init_home(home)
     config = home / "config.toml"
-    text = config.read_text().replace("max_connections = 512", "max_connections = 20")
+    text = config.read_text().replace("max_connections = 1024", "max_connections = 20")
     config.write_text(text.replace("header_timeout = 5", "header_timeout = 1"))
     slow_head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 400  # 20 s at a byte per 50 ms
 
