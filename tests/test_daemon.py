@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.ops import Kind
+from node import daemon
+from node.config import ConfigError, load_config
 from tests import factories as f
 from tests.daemons import EXPLEDGER, expledger, init_home, log_lines, running, start
 
@@ -265,6 +268,35 @@ def test_slow_connections_are_closed_at_the_header_deadline_and_token_holders_st
     }
     # every slow connection ended one of the two ways; those still in place after the last call at the deadline
     assert refused.get("evicted", 0) + refused["header_timeout"] == 100 and refused["header_timeout"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        ("header_timeout = 0", "config.value"),
+        ("header_timeout = 2.5", "config.type"),
+        ("max_connections = 1", "config.value"),
+    ],
+)
+def test_connection_settings_out_of_range_are_refused_naming_the_key(tmp_path, line, code):
+    path = tmp_path / "config.toml"
+    path.write_text(f"[rpc]\n{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert refused.value.code == code and f"[rpc] {line.split(' = ')[0]}" in refused.value.message
+
+
+def test_the_daemon_raises_its_open_files_limit_and_serves_fewer_connections_when_the_hard_limit_is_short(caplog):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("open files have no hard limit here")
+    try:
+        assert daemon.rpc_connections(16) == 16
+        served = daemon.rpc_connections(hard)  # it and the database would need more than the hard limit
+        assert served == min(hard, max(daemon.MIN_RPC_CONNECTIONS, hard // 2))
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard and "serving" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_batches_mix_good_and_bad_calls_and_notifications_get_no_answer(node):
