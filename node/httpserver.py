@@ -204,9 +204,9 @@ class _Parsing:
     def on_headers_complete(self) -> None:
         self.headers_complete = True
         self.head_bytes = 0
-        declared = self._headers.get(b"content-length")
         if self.refusal is not None:
             return
+        declared = self._headers.get(b"content-length")
         if self._head_size > MAX_HEAD_BYTES:
             self.refusal = "head_too_large"
         elif declared is not None and int(declared) > self.max_body:  # llhttp has checked it is a number

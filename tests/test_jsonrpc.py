@@ -170,10 +170,24 @@ def test_the_methods_quote_at_most_a_hundred_characters_of_a_bad_value(tmp_path)
         ("get", {"id": "b" * 100_000}, "id: longer than 100 characters"),
         ("submit", {"operation": "00", "encoding": "x" * 100_000}, "encoding: 'xxxxx"),
         ("retrieve", {"query": "q", "k": huge_number}, f"k: {str(huge_number)[:ECHO_CHARS]}… (4001 characters) is"),
+        ("add", {"text": "t", "domain": "d", "confidence": 0.5, "examples": [{"k" * 100_000: 1}]}, "examples[0].kkk"),
     ]
     for method, params, start in calls:
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()
         error = json.loads(trio.run(dispatcher.handle, body))["error"]
         assert error["code"] == INVALID_PARAMS and error["message"].startswith(start), error
         assert len(error["message"]) < ECHO_CHARS + 100, error
+    number = "9" * 3000  # within the text limit, and far beyond what a message should quote
+    text = f"When a count reaches {number}, split the work into batches."
+
+    async def add_through_ingest() -> bytes | None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(node.run_ingest)
+            answer = await dispatcher.handle(_call("add", {"text": text, "domain": "math", "confidence": 0.5}))
+            node.close_queue()
+        return answer
+
+    error = json.loads(trio.run(add_through_ingest))["error"]
+    assert error["data"]["code"] == "text.generality.number"
+    assert all(len(found["message"]) < 150 for found in error["data"]["errors"]) and len(error["message"]) < 200
     node.ledger.close()
