@@ -113,3 +113,10 @@ def test_thread_cpu_skips_a_thread_that_ends_while_its_files_are_read(monkeypatc
         release.set()
         ending.join()
     assert ending.native_id not in threads and threads  # the others are still counted
+
+
+def test_bench_slowloris_prints_both_phases_and_what_the_attackers_met(tmp_path: Path) -> None:
+    limits = ("--max-connections", "16", "--header-timeout", "1")  # 40 attackers for 16 places: some are evicted
+    out = _run(tmp_path, "bench.bench_slowloris", "--attackers", "40", "--seconds", "2", "--baseline", "1", *limits)
+    assert re.search(r"baseline +\d+/\d+ answered", out) and re.search(r"attack +\d+/\d+ answered", out), out
+    assert re.search(r"attackers: \d+ connections opened", out) and "evicted" in out, out
