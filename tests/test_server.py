@@ -396,7 +396,8 @@ def test_many_slow_connections_leave_room_for_token_holders_and_are_closed_at_th
                     answers.append(json.loads(body)["result"] if status == 200 else status)
             assert answers == list(range(20))
             assert closed_early == [True] * 100
-            assert {"evicted", "header_timeout"} <= set(node.refused) <= {"evicted", "header_timeout"}
+            # each slow connection ended one way or the other (which, depends on the order the server accepted them)
+            assert len(node.refused) == 100 and set(node.refused) <= {"evicted", "header_timeout"}
 
     trio.run(main)
 
