@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.ops import Kind
-from node import daemon
 from node.config import ConfigError, load_config
+from node.daemon import MIN_RPC_CONNECTIONS, rpc_connections
 from tests import factories as f
 from tests.daemons import EXPLEDGER, expledger, init_home, log_lines, running, start
 
@@ -291,9 +291,9 @@ def test_the_daemon_raises_its_open_files_limit_and_serves_fewer_connections_whe
     if hard == resource.RLIM_INFINITY:
         pytest.skip("open files have no hard limit here")
     try:
-        assert daemon.rpc_connections(16) == 16
-        served = daemon.rpc_connections(hard)  # it and the database would need more than the hard limit
-        assert served == min(hard, max(daemon.MIN_RPC_CONNECTIONS, hard // 2))
+        assert rpc_connections(16) == 16
+        served = rpc_connections(hard)  # it and the database would need more than the hard limit
+        assert served == min(hard, max(MIN_RPC_CONNECTIONS, hard // 2))
         assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard and "serving" in caplog.text
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
