@@ -33,6 +33,7 @@ from ledger.retrieval import DEFAULT_BUDGET, DEFAULT_K, INLINE_EMBED, Hit
 from ledger.view import LedgerView
 from node.jsonrpc import (
     BUSY,
+    ECHO_CHARS,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     NOT_FOUND,
@@ -41,6 +42,7 @@ from node.jsonrpc import (
     UNAVAILABLE,
     Dispatcher,
     RpcError,
+    clip,
     invalid_params,
 )
 from node.service import Busy, IngestFailed, Node, Stopping
@@ -79,7 +81,7 @@ def _integer(value: Any, field: str, low: int, high: int) -> int:
     if type(value) is not int:
         raise invalid_params(field, f"expected an integer, got {_type(value)}")
     if not low <= value <= high:
-        raise invalid_params(field, f"{value} is outside {low}..{high}", "params.range")
+        raise invalid_params(field, f"{clip(str(value))} is outside {low}..{high}", "params.range")
     return value
 
 
@@ -98,7 +100,7 @@ def _boolean(value: Any, field: str) -> bool:
 
 
 def _cid(value: Any, field: str) -> CID:
-    text = _text(value, field, limit=200)
+    text = _text(value, field, limit=ECHO_CHARS)  # a CID is 59 characters; a longer one is refused unquoted
     try:
         return CID.parse(text, field=field)
     except CIDError as exc:
@@ -303,7 +305,7 @@ def register(
             elif encoding == "base64":
                 data = base64.b64decode(text, validate=True)
             else:
-                raise invalid_params("encoding", f"{encoding!r} is not 'hex' or 'base64'", "params.range")
+                raise invalid_params("encoding", f"{clip(repr(encoding))} is not 'hex' or 'base64'", "params.range")
         except (ValueError, binascii.Error):
             raise invalid_params("operation", f"not valid {encoding}", "params.encoding") from None
         return await submit_block(data)
@@ -599,13 +601,19 @@ def register_network(rpc: Dispatcher, network: P2PNode) -> None:
         try:
             parse_peer_addr(text)
         except LedgerError as exc:
-            raise invalid_params("addr", exc.message, exc.code) from None
+            log.info("peers.connect: %s", exc.message)
+            raise invalid_params("addr", f"{clip(text)} is not a multiaddr ending in /p2p/PEERID", exc.code) from None
         try:
             peer_id = await network.connect(text)
+        except LedgerError as exc:  # this node itself: p2p.self_dial
+            raise invalid_params("addr", exc.message.removeprefix("addr: "), exc.code) from None
         except trio.TooSlowError:
-            raise RpcError(UNAVAILABLE, f"{text}: no answer within the dial timeout", {"code": "p2p.dial"}) from None
+            message = f"{clip(text)}: no answer within the dial timeout"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         except Exception as exc:  # libp2p raises many types for a failed dial
-            raise RpcError(UNAVAILABLE, f"{text}: cannot connect ({exc})", {"code": "p2p.dial"}) from None
+            log.info("peers.connect: dialling %s failed: %r", text, exc)
+            message = f"{clip(text)}: cannot connect (the node's log says why)"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         return {"peer_id": str(peer_id), "connected": True}
 
     @rpc.method("peers.disconnect")

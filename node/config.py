@@ -65,6 +65,10 @@ class RpcConfig:
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20
     max_batch: int = 100
+    #: connections open at once; when full, a new one evicts the oldest that has shown no token (503 if none)
+    max_connections: int = 1024
+    #: seconds a request's head may take to arrive whole (a connection's first: from its accept)
+    header_timeout: int = 5
 
     @property
     def host(self) -> str:
@@ -173,6 +177,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "tokens": (list, "a list of strings of 16 to 256 characters"),
         "max_body_bytes": (int, "an integer from 1024 to 67108864"),
         "max_batch": (int, "an integer from 1 to 10000"),
+        "max_connections": (int, "an integer from 2 to 100000"),
+        "header_timeout": (int, "seconds, an integer from 1 to 300"),
     },
     "p2p": {
         "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
@@ -267,6 +273,10 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1024 <= value <= 64 << 20
         case "rpc", "max_batch":
             return 1 <= value <= 10_000
+        case "rpc", "max_connections":
+            return 2 <= value <= 100_000
+        case "rpc", "header_timeout":
+            return 1 <= value <= 300
         case "p2p", "listen":
             return all(_tcp_multiaddr(item) for item in value)
         case "p2p", "bootstrap":
@@ -363,6 +373,8 @@ listen = "{rpc.listen}"
 tokens = {strings(rpc.tokens)}
 max_body_bytes = {rpc.max_body_bytes}
 max_batch = {rpc.max_batch}
+max_connections = {rpc.max_connections}  # when full, a new one evicts the oldest that has shown no token
+header_timeout = {rpc.header_timeout}      # seconds a request's headers may take to arrive
 
 [p2p]
 # libp2p (Noise-encrypted TCP). `expledger id` prints the addresses to give to other nodes;

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import secrets
 import select
 import signal
@@ -38,7 +39,7 @@ from node.httpserver import HttpServer
 from node.jsonrpc import Dispatcher
 from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
-from node.server import NodeRoutes, ServerState
+from node.server import NodeRoutes, ServerState, is_authorized, presented_token
 from node.service import Node
 from node.usage import UsageStats
 from p2p.gossip import Allowance
@@ -65,6 +66,10 @@ TCP_USER_TIMEOUT_MS = 30_000
 LISTEN_BACKLOG = 128
 PROXY_URL_FILE = "proxy.url"  # while the daemon runs with a proxy: its base URL (for OpenAI clients)
 USAGE_DIR = "usage"  # the usage counts' LevelDB, in the home (node/usage.py)
+#: file descriptors the daemon needs besides its RPC connections: LevelDB keeps up to 1000 table files open,
+#: then block files, libp2p connections, logs
+OTHER_DESCRIPTORS = 2048
+MIN_RPC_CONNECTIONS = 64
 
 
 class StartupError(Exception):
@@ -81,6 +86,7 @@ class Startup:
     sock: socket.socket
     peer_key: AuthorKey  # the libp2p identity's seed
     local: LocalRetrieval | None  # the node-local retrieval model and its index ([retrieval] model)
+    rpc_connections: int  # [rpc] max_connections, or fewer when the open-files limit is short
     usage: UsageStats  # how often each experience was served (HOME/usage, apart from the ledger)
     proxy_sock: socket.socket | None = None  # the OpenAI-compatible proxy's listener ([proxy] listen)
 
@@ -109,6 +115,33 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def rpc_connections(wanted: int) -> int:
+    """How many RPC connections to serve at once: `wanted` ([rpc] max_connections), or fewer if the open-files limit
+    cannot be raised for them. The soft limit is raised as far as the hard limit allows (Bitcoin Core and geth do
+    the same at start): at a soft limit of 1024 a full RPC server would fail to accept, or LevelDB to open a table
+    file; when even the hard limit is short, half of it goes to RPC and the log says so (as Bitcoin Core reduces
+    -maxconnections)."""
+    needed = wanted + OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # macOS refuses more than its kernel's per-process maximum
+        target = soft
+    if target >= needed:
+        return wanted
+    served = min(wanted, max(MIN_RPC_CONNECTIONS, target // 2))
+    log.warning(
+        "open files are limited to %d (ulimit -n): serving %d RPC connections at once, not [rpc] max_connections = %d",
+        target,
+        served,
+        wanted,
+    )
+    return served
+
+
 def _multiaddr_host_port(addr: str) -> tuple[str, int]:
     """(host, port) of a /ip4|ip6/HOST/tcp/PORT multiaddr (config.py checked its form)."""
     parts = addr.split("/")
@@ -133,6 +166,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
     pid = _running_daemon(home)
     if pid is not None:
         raise StartupError(f"a daemon is already running on {home.path} (pid {pid}); stop it first")
+    connections = rpc_connections(config.rpc.max_connections)
     try:
         sock = bind_listener(config.rpc.host, config.rpc.port)
     except OSError as exc:
@@ -177,7 +211,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
         _close(sock, proxy_sock)
         ledger.close()
         raise
-    return Startup(config, ledger, author, sock, peer_key, local, usage, proxy_sock)
+    return Startup(config, ledger, author, sock, peer_key, local, connections, usage, proxy_sock)
 
 
 def _close(*socks: socket.socket | None) -> None:
@@ -241,6 +275,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         max_body=config.rpc.max_body_bytes,
         idle_timeout=KEEP_ALIVE_TIMEOUT,
         graceful_timeout=GRACEFUL_TIMEOUT,
+        header_timeout=config.rpc.header_timeout,
+        max_connections=startup.rpc_connections,
+        holds_token=routes.holds_token,
         refused=lambda reason: metrics.http_rejected.labels(reason).inc(),
     )
     server_stopping = trio.Event()
@@ -331,6 +368,9 @@ async def _serve_proxy(
             max_body=config.max_body_bytes,
             idle_timeout=KEEP_ALIVE_TIMEOUT,
             graceful_timeout=GRACEFUL_TIMEOUT,
+            header_timeout=startup.config.rpc.header_timeout,  # slow clients cannot starve agents either
+            max_connections=startup.rpc_connections,
+            holds_token=lambda authorization: is_authorized(presented_token(authorization.decode("latin-1")), state),
         )
         sock.listen(LISTEN_BACKLOG)
         host, port = sock.getsockname()[:2]

@@ -37,7 +37,7 @@ from ledger.validation import examine
 from ledger.view import LedgerView
 from p2p import gossip
 from p2p.gossip import GossipBatch, GossipError, Outbox
-from p2p.host import build_host, connect, full_addrs, parse_peer_addr
+from p2p.host import build_host, connect, dial_to_self, full_addrs, parse_peer_addr
 from p2p.orphans import Orphan, OrphanPool
 from p2p.peers import (
     BAN_SECONDS,
@@ -558,8 +558,10 @@ class P2PNode:
 
     async def _keep_connected(self, addr: str) -> None:
         """Dial a bootstrap peer whenever it is not connected, backing off while it is unreachable."""
-        peer_id, _ = parse_peer_addr(addr)
-        if peer_id == self.id:
+        peer_id, multiaddr = parse_peer_addr(addr)
+        refusal = dial_to_self(self.host, peer_id, multiaddr)
+        if refusal is not None:
+            log.info("bootstrap peer %s is not dialled: %s", addr, refusal)
             return
         self.peer(peer_id).addrs = [addr]
         backoff = 1.0

@@ -142,3 +142,10 @@ def test_bench_dso_eval_grades_both_arms(tmp_path: Path) -> None:
     assert re.search(r"without library\s+0/6\s+0\.000", out), out
     assert re.search(rf"with library\s+{2 * served}/6 ", out), out
     assert "95% paired bootstrap over problems" in out, out
+
+
+def test_bench_slowloris_prints_both_phases_and_what_the_attackers_met(tmp_path: Path) -> None:
+    limits = ("--max-connections", "16", "--header-timeout", "1")  # 40 attackers for 16 places: some are evicted
+    out = _run(tmp_path, "bench.bench_slowloris", "--attackers", "40", "--seconds", "2", "--baseline", "1", *limits)
+    assert re.search(r"baseline +\d+/\d+ answered", out) and re.search(r"attack +\d+/\d+ answered", out), out
+    assert re.search(r"attackers: \d+ connections opened", out) and "evicted" in out, out
