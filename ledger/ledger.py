@@ -50,6 +50,7 @@ from ledger.store import (
     ReadView,
     Store,
     StoreError,
+    Writability,
     log_key,
     merkle_node_key,
     opmeta_key,
@@ -152,11 +153,19 @@ class Ledger:
         self.key_filter_status = self.key_filter.open(self._filter_stamp(), covered_keys(opened))
 
     @classmethod
-    def open(cls, data_dir: Path, params: NetworkParams | None = None, embedder: Embedder | None = None) -> Ledger:
+    def open(
+        cls,
+        data_dir: Path,
+        params: NetworkParams | None = None,
+        embedder: Embedder | None = None,
+        *,
+        min_free_bytes: int = 0,
+    ) -> Ledger:
         """Open a data directory, creating it when it does not exist or is empty.
 
         An existing directory whose database is missing, corrupt or foreign is an error: a node
-        must never come up with a silently empty ledger.
+        must never come up with a silently empty ledger. Writes that would leave less than `min_free_bytes`
+        free are refused (`store.unwritable`, `Store.check_writable`).
         """
         data_dir = Path(data_dir)
         params = params or NetworkParams()
@@ -171,6 +180,7 @@ class Ledger:
             store = Store(data_dir / DB_DIR, create=True)
         else:
             store = Store(data_dir / DB_DIR, create=False)
+        store.min_free_bytes = min_free_bytes
         try:
             node_key = AuthorKey.load(data_dir / NODE_KEY)
         except LedgerError as exc:
@@ -203,7 +213,7 @@ class Ledger:
     def close(self) -> None:
         with self._write_lock:
             try:
-                self._record_high_water_mark()
+                self._record_high_water_mark_if_room()
                 with self._index_lock:
                     while self._backlog:
                         self._index_changed.wait()
@@ -282,6 +292,14 @@ class Ledger:
         self._latest().tree_head()
         self._marked_at = time.monotonic()
 
+    def _record_high_water_mark_if_room(self) -> None:
+        """The mark after a commit or at close, which may trail the database: a full disk leaves the older one
+        (a head handed out is always covered: `_keep_mark` raises instead)."""
+        try:
+            self._record_high_water_mark()
+        except OSError as exc:
+            log.warning("cannot update the high-water mark %s (%s); it trails the database", HEAD_FILE, exc.strerror)
+
     def _keep_mark(self, head: TreeHead) -> None:
         """Before a head leaves the node, the mark on disk covers it: no later start may sign less."""
         with self._mark_lock:
@@ -330,6 +348,7 @@ class Ledger:
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
+            self.store.check_writable()  # before any work: refused under the reserve or after a failed write
             signatures = SignatureChecks(len(submissions), self.reads.pause)
             checked = triage(submissions, self.params, self.store, signatures, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
@@ -377,7 +396,7 @@ class Ledger:
         self._update_index(batch.fold)
         self._snapshot = self.store.snapshot()
         if time.monotonic() - self._marked_at >= _MARK_INTERVAL:  # after the commit: never ahead of the database
-            self._record_high_water_mark()
+            self._record_high_water_mark_if_room()
 
     def _latest(self) -> LedgerView:
         """The writer's view: what it last committed, which views may not show yet."""
@@ -479,6 +498,20 @@ class Ledger:
                 found += self._queued_rows.search(unit(np.asarray(vector, dtype=np.float32)), count)
                 found = sorted(found, key=lambda item: (-item[1], item[0]))[:count]
         return [(CID(exp_id), score) for exp_id, score in found]
+
+    def writability(self) -> Writability:
+        """Whether the store takes writes, and its free space (any thread)."""
+        return self.store.writability()
+
+    def recover(self) -> bool:
+        """After a failed write, bring the store back and take writes again if there is room now; whether it
+        takes writes (the writer's own next write tries the same)."""
+        with self._write_lock:
+            try:
+                self.store.check_writable()
+            except StoreError:
+                return False
+            return True
 
     def pending_count(self) -> int:
         """How many stored operations wait for dependencies (as of the last commit)."""

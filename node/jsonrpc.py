@@ -34,6 +34,7 @@ NOT_FOUND = -32002  # no such experience, operation or log position here
 BUSY = -32003  # the ingest queue is full: retry later
 STOPPING = -32004  # the node is shutting down
 UNAVAILABLE = -32005  # a peer could not be reached (peers.connect)
+UNWRITABLE = -32006  # the store takes no writes (free space under the reserve, or after a failed write); reads go on
 
 Handler = Callable[..., Awaitable[Any]]
 
