@@ -17,6 +17,7 @@ Every read checks the bytes against their CID, so a damaged file is found, never
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -168,7 +169,7 @@ class Appender:
             created |= not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                os.pwrite(fd, b"".join(data for _, data in pieces), pieces[0][0])  # contiguous within a segment
+                _write_all(fd, b"".join(data for _, data in pieces), pieces[0][0])  # contiguous within a segment
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
@@ -186,6 +187,17 @@ class Appender:
         self._files._end = self._start = (self._segment, self._offset)
         self._pending = []
         self.size = 0
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of `data` at `offset`: on a nearly full disk pwrite writes what fits and returns a short count
+    (the next call raises ENOSPC), which a single call would leave unnoticed."""
+    left = memoryview(data)
+    while left:
+        written = os.pwrite(fd, left, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        left, offset = left[written:], offset + written
 
 
 def _number(name: str) -> int | None:
