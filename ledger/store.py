@@ -780,7 +780,7 @@ class Store:
     # --- free space and failed writes -------------------------------------------------------------
 
     def free_bytes(self) -> int:
-        """Free space on the database's file system (one statvfs, ~2 us)."""
+        """Free space on the database's file system (one statvfs, a few microseconds)."""
         return _free_bytes(self.path)
 
     def writability(self) -> Writability:
@@ -799,7 +799,8 @@ class Store:
         if self._failure is not None:
             self._recover()
         free = self.free_bytes()
-        if free - incoming < self.min_free_bytes:
+        # a reserve of 0 refuses nothing: a write may meet the full disk, and fails and recovers like any other
+        if self.min_free_bytes and free - incoming < self.min_free_bytes:
             if not self._refusing:
                 log.warning(
                     "%s: %s free, under the reserve of %s ([store] min_free_mb): refusing writes until space is freed",
