@@ -213,12 +213,12 @@ class Ledger:
     def close(self) -> None:
         with self._write_lock:
             try:
-                self._record_high_water_mark_if_room()
+                _if_room("the high-water mark", self._record_high_water_mark)
                 with self._index_lock:
                     while self._backlog:
                         self._index_changed.wait()
-                    self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
-                self.key_filter.save(self._filter_stamp())  # likewise
+                    _if_room("the vector index", self._index.save)
+                _if_room("the key filter", lambda: self.key_filter.save(self._filter_stamp()))
             finally:
                 self.store.close()
 
@@ -291,14 +291,6 @@ class Ledger:
         """Write the latest committed state's head as the mark (signing it is what writes it)."""
         self._latest().tree_head()
         self._marked_at = time.monotonic()
-
-    def _record_high_water_mark_if_room(self) -> None:
-        """The mark after a commit or at close, which may trail the database: a full disk leaves the older one
-        (a head handed out is always covered: `_keep_mark` raises instead)."""
-        try:
-            self._record_high_water_mark()
-        except OSError as exc:
-            log.warning("cannot update the high-water mark %s (%s); it trails the database", HEAD_FILE, exc.strerror)
 
     def _keep_mark(self, head: TreeHead) -> None:
         """Before a head leaves the node, the mark on disk covers it: no later start may sign less."""
@@ -396,7 +388,7 @@ class Ledger:
         self._update_index(batch.fold)
         self._snapshot = self.store.snapshot()
         if time.monotonic() - self._marked_at >= _MARK_INTERVAL:  # after the commit: never ahead of the database
-            self._record_high_water_mark_if_room()
+            _if_room("the high-water mark", self._record_high_water_mark)
 
     def _latest(self) -> LedgerView:
         """The writer's view: what it last committed, which views may not show yet."""
@@ -604,6 +596,16 @@ class Ledger:
             self.store.write({REBUILDING: None})
             self._snapshot = self.store.snapshot()
             self.rebuild_index("the library was rebuilt")
+
+
+def _if_room(what: str, write: Callable[[], None]) -> None:
+    """Write a file the ledger can do without for now: the mark after a commit or at close (it may trail the
+    database; a head handed out is always covered, `_keep_mark` raises instead), the vector index and the key filter
+    (the next start rebuilds what does not verify). A full disk leaves the older file, and the node goes on."""
+    try:
+        write()
+    except OSError as exc:
+        log.warning("cannot write %s (%s); the next start checks the older one", what, exc.strerror)
 
 
 def _check_network(store: Store, params: NetworkParams) -> list[str]:

@@ -527,6 +527,8 @@ class Store:
         self._failure: str | None = None
         #: the newest LevelDB log when a write failed: the store recovers once LevelDB writes a newer one
         self._failed_log = 0
+        #: False once recovering failed with room to do it: LevelDB refuses writes until the node restarts
+        self._recoverable = True
         self._refusing = False  # the last write was refused for the reserve (logged once, not per write)
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
@@ -841,6 +843,8 @@ class Store:
         LevelDB takes writes again (after a failed sync or compaction it refuses them all until reopened: the
         store stays stopped, and a restart recovers it). Block bytes past the committed end are cut away.
         """
+        if not self._recoverable:
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
         free, log_bytes = self.free_bytes(), self._log_bytes()
         needed = self.min_free_bytes + log_bytes  # the memtable becomes a table about the size of the log
         if free < needed:
@@ -851,19 +855,19 @@ class Store:
             )
         try:
             self._db.compact_range(start=_NO_KEYS[0], stop=_NO_KEYS[1])
-            if self._newest_log() <= self._failed_log:
-                raise StoreError("store.unwritable", "LevelDB could not start a new log")
-            self._db.delete(_PROBE_KEY, sync=True)
-            self.blocks.trim()
-        except (plyvel.Error, OSError, StoreError) as exc:
-            log.error(
-                "%s: recovering from the failed write failed (%s); a restart of the node recovers it", self.path, exc
-            )
-            raise StoreError(
-                "store.unwritable",
-                f"the store takes no writes after a failed one ({self._failure}) and could not recover "
-                f"({_condition(exc)}); a restart of the node recovers it; reads go on",
-            ) from None
+            rotated = self._newest_log() > self._failed_log
+            if rotated:  # never a write into the torn log
+                self._db.delete(_PROBE_KEY, sync=True)
+                self.blocks.trim()
+        except (plyvel.Error, OSError) as exc:
+            problem: str | None = _condition(exc)
+        else:
+            problem = None if rotated else "LevelDB did not start a new log"
+        if problem is not None:
+            log.error("%s: recovering from the failed write failed (%s); a restart recovers it", self.path, problem)
+            self._recoverable = False
+            self._failure = f"{self._failure}; recovering failed ({problem}): restart the node"
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
         log.warning("%s: recovered from the failed write (%s): taking writes again", self.path, self._failure)
         self._failure = None
 

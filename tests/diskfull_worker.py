@@ -5,13 +5,15 @@ TARGET is the file the failing write tears: `leveldb` (LevelDB's write-ahead log
 batch appends to). The worker ingests a first part of the operations, then lowers RLIMIT_FSIZE to the target's
 size plus PAST bytes, so the next batch's write stops there (EFBIG, as ENOSPC stops a write on a full disk: a
 real short write inside LevelDB or the block files, then an error), then lifts the limit ("space is back") and
-ingests the rest, the failed batch's operations among them. END: `kill` (SIGKILL itself), `close`, or `torn`
-(SIGKILL itself right after the failed write, before anything recovers). For `leveldb` block segments are made
+ingests the rest, the failed batch's operations among them. END: `kill` (SIGKILL itself), `close`, `torn`
+(SIGKILL itself right after the failed write, before anything recovers), or `stuck` (the next write tries to recover
+while no table fits, so LevelDB's memtable flush fails and it refuses every write; one more write with the limit
+lifted, then SIGKILL). For `leveldb` block segments are made
 small, so the LevelDB log is the only file the limit reaches; for `blocks` the block flush fails first.
 
 Prints `ACK <cid> ...` after each acknowledged batch, `FAILED <code> <message>` for the batch that failed,
 `REFUSED <code>` for a write refused while the store could not recover, `TORN <size> <limit>` with the torn file's
-size and the limit.
+size and the limit, `STUCK`/`STILL <code> <message>` for the writes refused in the `stuck` ending.
 """
 
 import resource
@@ -29,6 +31,7 @@ SEGMENT_BYTES = 8 * 1024  # each segment holds a few operations: every block fil
 BATCH = 8
 FIRST = 96  # operations acknowledged before the failed write
 FAILING = 32  # operations in the batch whose write fails (its LevelDB record spans more than one 32 KB log block)
+STUCK_LIMIT = 1000  # bytes: no table LevelDB writes fits
 
 
 def _ack(ledger: Ledger, items: list[bytes]) -> None:
@@ -66,10 +69,20 @@ def main() -> None:
         ledger.ingest(failing)
     except LedgerError as exc:
         print("FAILED", exc.code, exc.message, flush=True)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
     print("TORN", torn.stat().st_size, limit, flush=True)
-    if end == "torn":
+    if end == "stuck":  # recovering fails: LevelDB cannot write its memtable into a table
+        resource.setrlimit(resource.RLIMIT_FSIZE, (STUCK_LIMIT, hard))
+        try:
+            ledger.ingest(failing)
+        except LedgerError as exc:
+            print("STUCK", exc.code, exc.message, flush=True)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))
+    if end == "stuck":
+        try:
+            ledger.ingest(failing)
+        except LedgerError as exc:
+            print("STILL", exc.code, exc.message, flush=True)
+    if end in ("torn", "stuck"):
         signal.raise_signal(signal.SIGKILL)
     ledger.store.min_free_bytes = 1 << 62  # no room to recover: the store stays stopped and says so
     try:

@@ -115,6 +115,29 @@ def test_a_store_opens_after_a_torn_write_with_what_was_acknowledged_before_it(
         ledger.close()
 
 
+def test_when_recovering_fails_writes_stay_stopped_and_a_restart_recovers_the_store(tmp_path, ops_file, operations):
+    """LevelDB cannot write its memtable into a table while it recovers (no room for it): it refuses every write
+    from then on, so the store stays stopped, says a restart is needed, and does not try again; after kill -9 the
+    next open recovers from the logs (the torn one and the new, empty one) with what was acknowledged."""
+    data_dir = tmp_path / "node"
+    lines = _run_worker(data_dir, ops_file, "leveldb", 700, "stuck")
+    _check_the_failure(lines)
+    for prefix in ("STUCK ", "STILL "):
+        refused = next(line for line in lines if line.startswith(prefix))
+        assert refused.startswith(f"{prefix}store.unwritable the store takes no writes"), refused
+        assert refused.endswith("restart the node); reads go on") and "/" not in refused, refused
+    acknowledged = _acknowledged(lines)
+    assert acknowledged == {CID.for_block(data) for data in operations[:FIRST]}
+    ledger = open_ledger(data_dir)
+    try:
+        assert ledger.view().log_size == FIRST and all(ledger.view().has(cid) for cid in acknowledged)
+        ledger.verify()
+        ledger.ingest(operations[FIRST:])
+        assert ledger.view().log_size == OPERATIONS
+    finally:
+        ledger.close()
+
+
 def test_writes_under_the_free_space_reserve_are_refused_and_reads_go_on(tmp_path, operations):
     ledger = open_ledger(tmp_path / "node")
     try:
