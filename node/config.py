@@ -168,7 +168,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
-    "store": {"min_free_mb": (int, "MiB, an integer from 0 to 1048576")},
+    "store": {"min_free_mb": (int, "MiB, an integer from 0 to 1073741824")},
     "retrieval": {"model": (str, " or ".join(f'"{name}"' for name in (*MODELS, NETWORK)))},
     "llm": {
         "base_url": (str, "an http:// or https:// URL"),
@@ -262,7 +262,7 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
         case "ingest", "batch":
             return 1 <= value <= 100_000
         case "store", "min_free_mb":
-            return 0 <= value <= 1 << 20
+            return 0 <= value <= 1 << 30
         case "retrieval", "model":
             return value == NETWORK or value in MODELS
         case "llm", "base_url":

@@ -19,6 +19,7 @@ import pytest
 
 from ledger.cid import CID
 from ledger.store import StoreError
+from node.config import Config, ConfigError, load_config, render_config
 from tests.diskfull_worker import FAILING, FIRST
 from tests.ledgers import open_ledger, random_history
 
@@ -156,3 +157,16 @@ def test_writes_under_the_free_space_reserve_are_refused_and_reads_go_on(tmp_pat
         assert ledger.view().log_size == 40 and ledger.writability().state == "ok"
     finally:
         ledger.close()
+
+
+def test_the_reserve_is_a_config_key_init_writes_and_checks(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text(render_config(Config()))
+    assert load_config(path).store.min_free_mb == 512 and "min_free_mb = 512" in path.read_text()
+    path.write_text("[store]\nmin_free_mb = 0\n")
+    assert load_config(path).store.min_free_mb == 0
+    for value, code in (("-1", "config.value"), ('"512"', "config.type"), ("2000000000", "config.value")):
+        path.write_text(f"[store]\nmin_free_mb = {value}\n")
+        with pytest.raises(ConfigError) as bad:
+            load_config(path)
+        assert bad.value.code == code and "[store] min_free_mb" in bad.value.message

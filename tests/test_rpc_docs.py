@@ -7,8 +7,8 @@ delivers (matched by its `seq`).
 
 How a documented value D is compared with the node's value A:
 - objects have the same keys, arrays the same length, and their members compare recursively;
-- under the keys `timestamp`, `uptime_seconds` and `free_bytes` (the disk's), D and A are numbers; under `created_at`, ISO-8601
-  UTC strings (they depend on the clock);
+- under the keys `timestamp`, `uptime_seconds` and `free_bytes` (the disk's), D and A are numbers; under
+  `created_at`, ISO-8601 UTC strings (they depend on the clock);
 - under `score`, numbers within 1e-4 (a cosine through float32 arithmetic);
 - a string that is a semantic version (`status.version`) matches any semantic version;
 - any other string must match exactly, except for its *volatile tokens*: CIDs (`bafyrei…`), `did:key:…`
