@@ -62,9 +62,11 @@ class IngestFailed(Exception):
     may read it), else `ingest.failed` (a bug: the message is generic, the traceback is in the log)."""
 
     def __init__(self, cause: BaseException) -> None:
-        unwritable = isinstance(cause, LedgerError) and cause.code == STORE_UNWRITABLE
-        self.code = STORE_UNWRITABLE if unwritable else "ingest.failed"
-        super().__init__(cause.message if unwritable else "the write failed; the node logged why")
+        if isinstance(cause, LedgerError) and cause.code == STORE_UNWRITABLE:
+            self.code, message = STORE_UNWRITABLE, cause.message
+        else:
+            self.code, message = "ingest.failed", "the write failed; the node logged why"
+        super().__init__(message)
 
 
 @dataclass(eq=False)
