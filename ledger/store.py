@@ -789,7 +789,7 @@ class Store:
         free = self.free_bytes()
         if self._failure is not None:
             return Writability("stopped", free, self.min_free_bytes, self._failure)
-        if free < self.min_free_bytes:
+        if self._refusing or free < self.min_free_bytes:  # refusing: the last write would have gone under it
             return Writability("reserve", free, self.min_free_bytes, "free space is under the reserve")
         return Writability("ok", free, self.min_free_bytes)
 
