@@ -45,6 +45,7 @@ class Run:
     present: int = 0
     state_when_full: str = ""
     message: str = ""  # the first refusal's, as the client saw it
+    exit_status: int | None = None  # the daemon's, when it was stopped
     restart: str = "ok"  # or the code the start failed with
 
     @property
@@ -58,8 +59,8 @@ class Run:
     def line(self, number: int) -> str:
         return (
             f"run {number} ({self.stop}): acknowledged {self.acknowledged} ({self.before} before the disk filled, "
-            f"{self.after} after space was freed), refused {self.refused} (state {self.state_when_full}), "
-            f"restart {self.restart}, present {self.present}/{self.acknowledged}"
+            f"{self.after} after space was freed), refused {self.refused} (state {self.state_when_full}), exit status "
+            f"{self.exit_status}, restart {self.restart}, present {self.present}/{self.acknowledged}"
         )
 
 
@@ -129,7 +130,7 @@ def one_run(directory: Path, stop: str, size_mb: int, min_free_mb: int, headroom
         finally:
             if stop == "kill -9":
                 daemon.process.kill()
-            daemon.stop(signal.SIGTERM)
+            run.exit_status = daemon.stop(signal.SIGTERM)
         try:
             daemon = start(home)
         except RuntimeError:

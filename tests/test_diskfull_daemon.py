@@ -4,6 +4,8 @@ every acknowledged add is there (bench/bench_diskfull.py runs the same sequence 
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from bench.bench_diskfull import can_mount, one_run
@@ -35,6 +37,7 @@ def test_a_full_disk_loses_no_acknowledged_add_and_the_node_starts_again(
     assert run.state_when_full == state
     assert "store takes no writes" in run.message or "the write failed (no space left on device)" in run.message
     assert "/" not in run.message and "b'" not in run.message  # the condition, not a path or a repr
+    assert run.exit_status == (0 if stop == "graceful" else -signal.SIGKILL)
     assert run.restart == "ok"
     assert run.present == run.acknowledged
 
