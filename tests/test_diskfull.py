@@ -9,6 +9,8 @@ tmpfs the test mounts) is in test_diskfull_daemon.py.
 
 from __future__ import annotations
 
+import errno
+import os
 import random
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger import blockfile
 from ledger.cid import CID
 from ledger.store import StoreError
 from node.config import Config, ConfigError, load_config, render_config
@@ -170,3 +173,42 @@ def test_the_reserve_is_a_config_key_init_writes_and_checks(tmp_path):
         with pytest.raises(ConfigError) as bad:
             load_config(path)
         assert bad.value.code == code and "[store] min_free_mb" in bad.value.message
+
+
+def test_a_block_append_that_meets_a_full_disk_halfway_is_cut_back_before_writes_resume(
+    tmp_path, operations, monkeypatch
+):
+    """ENOSPC as the kernel gives it: a short write first (what fits), then the error. The torn bytes past the
+    committed end are cut away by the recovery, and the next append starts at the committed end."""
+    ledger = open_ledger(tmp_path / "node")
+    try:
+        ledger.ingest(operations[:20])
+        segment = ledger.store.path / blockfile.BLOCKS_DIR / "00000.blk"
+        committed = segment.stat().st_size
+        real_pwrite, calls = os.pwrite, []
+
+        def full_disk(fd: int, data: bytes, offset: int) -> int:
+            calls.append(len(data))
+            if len(calls) == 1:
+                return real_pwrite(fd, bytes(data[: len(data) // 2]), offset)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwrite", full_disk)
+        with pytest.raises(StoreError) as failed:
+            ledger.ingest(operations[20:40])
+        assert len(calls) == 2 and segment.stat().st_size == committed + calls[0] // 2  # torn: half a batch
+        assert failed.value.code == "store.unwritable"
+        assert failed.value.message.startswith("the write failed (no space left on device)")
+        state = ledger.writability()
+        assert (state.state, state.reason) == ("stopped", "a write to the block files failed: no space left on device")
+        monkeypatch.undo()  # space is back
+        ledger.ingest(operations[20:40])
+        assert ledger.writability().state == "ok" and ledger.view().log_size == 40
+    finally:
+        ledger.close()
+    reopened = open_ledger(tmp_path / "node")
+    try:
+        reopened.verify()  # every block where its locator says, matching its CID
+        assert reopened.view().log_size == 40
+    finally:
+        reopened.close()
