@@ -79,7 +79,8 @@ def test_after_a_write_that_fails_halfway_writes_stop_recover_and_nothing_acknow
     data_dir = tmp_path / "node"
     lines = _run_worker(data_dir, ops_file, target, past, end)
     _check_the_failure(lines)
-    assert "REFUSED store.unwritable" in lines
+    refused = next(line for line in lines if line.startswith("REFUSED "))
+    assert refused.startswith("REFUSED store.unwritable the store takes no writes after a failed one"), refused
     assert lines[-1] == "DONE"
     acknowledged = _acknowledged(lines)
     assert acknowledged == {CID.for_block(data) for data in operations}
