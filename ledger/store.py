@@ -5,17 +5,24 @@ so the ingest pipeline can build on what it wrote earlier in the same batch; `co
 everything in one `WriteBatch(sync=True)`, so an acknowledged operation survives kill -9.
 Operation bytes live in append-only files inside the database directory (ledger/blockfile.py);
 the B table holds where: a transaction syncs its blocks before the write that names them.
+
+A write that fails (a full disk) stops writes until the store is back in its last good state
+(`Store.check_writable`): LevelDB may have left a torn record at the end of its log and would append
+the next writes after it, where its recovery at the next open stops; every acknowledged write after it
+was lost (issue 54). A free-space reserve refuses writes before the disk is full.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import logging
 import os
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -99,6 +106,12 @@ BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write
 _UPGRADE_CHUNK = 100_000
 #: puts added to a write batch between two of the writer's pause points (~1 ms)
 _PUTS_BETWEEN_PAUSES = 1_000
+#: a key no table uses: a synced delete of it shows that LevelDB takes writes again after a failed one
+_PROBE_KEY = META + b"probe"
+#: a key range that holds no key (every key starts with a table's letter): compacting it makes LevelDB write its
+#: memtable into a table and start a new log, without rewriting any table
+_NO_KEYS = (b"\x00", b"\x00\x00")
+_MB = 1 << 20
 
 
 def u64(value: int) -> bytes:
@@ -349,10 +362,57 @@ class StoreError(LedgerError):
     """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
 
 
+@dataclass(frozen=True, slots=True)
+class Writability:
+    """Whether the store takes writes and the free space it has: what a node's `status` shows."""
+
+    #: "ok"; "reserve": free space under the reserve, writes refused until space is freed; "stopped": a write
+    #: failed, writes refused until the store is recovered (once there is room: `Store.check_writable`)
+    state: str
+    free_bytes: int
+    min_free_bytes: int
+    #: why writes are refused (None when they are not)
+    reason: str | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "writable": self.writable,
+            "state": self.state,
+            "free_bytes": self.free_bytes,
+            "min_free_bytes": self.min_free_bytes,
+            "reason": self.reason,
+        }
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / _MB:.1f} MB"
+
+
+def _condition(exc: Exception) -> str:
+    """What went wrong, without paths or reprs (`[Errno 28] No space left on device: '/x'` and
+    `b'IO error: /x/000006.log: No space left on device'` both give `no space left on device`)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+    else:
+        raw = exc.args[0] if exc.args else ""
+        text = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).rsplit(": ", 1)[-1]
+    return text[:1].lower() + text[1:] if text else type(exc).__name__
+
+
 def prefix_end(prefix: bytes) -> bytes:
     """The smallest key greater than every key that starts with `prefix`."""
     trimmed = prefix.rstrip(b"\xff")
     return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
+
+
+def _free_bytes(path: Path) -> int:
+    """Free space on `path`'s file system for an unprivileged process."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -363,8 +423,12 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        if os.write(fd, data) != len(data):  # a short write: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(temporary))
         os.fsync(fd)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full disk: nothing half-written stays behind
+        raise
     finally:
         os.close(fd)
     os.replace(temporary, path)
@@ -456,6 +520,16 @@ class Store:
         self.path = path
         #: answers most gets of keys that are not stored without LevelDB (ledger/keyfilter.py); the ledger attaches it
         self.key_filter: KeyFilter | None = None
+        #: writes that would leave less free space than this are refused (`store.unwritable`): before LevelDB
+        #: meets a full disk (geth's --datadir.minfreedisk); the node sets it from `[store] min_free_mb`
+        self.min_free_bytes = 0
+        #: why writes are stopped after a failed one (None: they are not); set and cleared by the writer alone
+        self._failure: str | None = None
+        #: the newest LevelDB log when a write failed: the store recovers once LevelDB writes a newer one
+        self._failed_log = 0
+        #: False once recovering failed with room to do it: LevelDB refuses writes until the node restarts
+        self._recoverable = True
+        self._refusing = False  # the last write was refused for the reserve (logged once, not per write)
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
                 "store.missing",
@@ -479,6 +553,14 @@ class Store:
             )
         except plyvel.CorruptionError as exc:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
+        except plyvel.IOError as exc:
+            if _condition(exc) == "no space left on device":  # LevelDB writes the log it recovers into a table
+                raise StoreError(
+                    "store.unwritable",
+                    f"{path}: no space left to open the ledger database ({_megabytes(_free_bytes(path))} free); "
+                    "free some space and start again",
+                ) from None
+            raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
         except plyvel.Error as exc:
             raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
         if self.get(FORMAT_KEY) is None and (create or next(self.scan(b""), None) is None):
@@ -672,6 +754,7 @@ class Store:
 
     def write(self, puts: dict[bytes, bytes | None]) -> None:
         """Apply puts (None deletes) atomically and durably."""
+        self.check_writable()
         if self.key_filter is not None:  # before the write: no reader is ever told a stored key is absent
             for key, value in puts.items():
                 if value is not None:
@@ -684,14 +767,124 @@ class Store:
         Building a batch's write holds the GIL throughout (~25,000 puts at 1M operations, ~30 ms of the
         ~185 ms the writer went on without a pause point after its last component): reads go first here too.
         """
-        with self._db.write_batch(transaction=True, sync=True) as batch:  # an error midway writes nothing
-            for done, (key, value) in enumerate(puts.items()):
-                if done % _PUTS_BETWEEN_PAUSES == 0:
-                    pause()
-                if value is None:
-                    batch.delete(key)
-                else:
-                    batch.put(key, value)
+        try:
+            with self._db.write_batch(transaction=True, sync=True) as batch:  # an error building it writes nothing
+                for done, (key, value) in enumerate(puts.items()):
+                    if done % _PUTS_BETWEEN_PAUSES == 0:
+                        pause()
+                    if value is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, value)
+        except plyvel.Error as exc:  # the write itself failed: its record in the log may be torn
+            raise self._write_failed(exc, "the database") from None
+
+    # --- free space and failed writes -------------------------------------------------------------
+
+    def free_bytes(self) -> int:
+        """Free space on the database's file system (one statvfs, a few microseconds)."""
+        return _free_bytes(self.path)
+
+    def writability(self) -> Writability:
+        free = self.free_bytes()
+        if self._failure is not None:
+            return Writability("stopped", free, self.min_free_bytes, self._failure)
+        if self._refusing or free < self.min_free_bytes:  # refusing: the last write would have gone under it
+            return Writability("reserve", free, self.min_free_bytes, "free space is under the reserve")
+        return Writability("ok", free, self.min_free_bytes)
+
+    def check_writable(self, incoming: int = 0) -> None:
+        """Refuse (`store.unwritable`) a write of about `incoming` bytes that the store cannot take safely: one
+        that would leave less free space than the reserve, or any after a failed write until `_recover` has
+        brought the store back to its last good state (tried here, so the next write after space is freed
+        resumes)."""
+        if self._failure is not None:
+            self._recover()
+        free = self.free_bytes()
+        # a reserve of 0 refuses nothing: a write may meet the full disk, and fails and recovers like any other
+        if self.min_free_bytes and free - incoming < self.min_free_bytes:
+            if not self._refusing:
+                log.warning(
+                    "%s: %s free, under the reserve of %s ([store] min_free_mb): refusing writes until space is freed",
+                    self.path,
+                    _megabytes(free),
+                    _megabytes(self.min_free_bytes),
+                )
+                self._refusing = True
+            raise StoreError(
+                "store.unwritable",
+                f"the store takes no writes: {_megabytes(free)} free, under the reserve of "
+                f"{_megabytes(self.min_free_bytes)}; writes resume once space is freed, reads go on",
+            )
+        if self._refusing:
+            log.warning("%s: %s free: taking writes again", self.path, _megabytes(free))
+            self._refusing = False
+
+    def _write_failed(self, exc: Exception, what: str) -> StoreError:
+        """Stop writes after a failed one; the error for the client names the condition, the log the details."""
+        condition = _condition(exc)
+        log.error("%s: a write to %s failed (%s); writes stop until the store is recovered", self.path, what, exc)
+        self._failure = f"a write to {what} failed: {condition}"
+        self._failed_log = self._newest_log()
+        return StoreError(
+            "store.unwritable",
+            f"the write failed ({condition}), nothing of it was kept; writes stop until the store recovers "
+            f"({_megabytes(self.free_bytes())} free), reads go on",
+        )
+
+    def _recover(self) -> None:
+        """Bring the store back to its last good state after a failed write, once there is room for it.
+
+        A LevelDB write that fails midway (ENOSPC) leaves a torn record at the end of its log, and LevelDB
+        appends the next writes after it; at the next open its recovery stops at the torn record (a checksum
+        mismatch) and loses them all. The memtable holds exactly the writes that succeeded: compacting an empty
+        range writes it into a table and starts a new log, and the old one is deleted (a crash before that
+        reopens it, and LevelDB drops a torn record at a log's end cleanly). A synced write then shows that
+        LevelDB takes writes again (after a failed sync or compaction it refuses them all until reopened: the
+        store stays stopped, and a restart recovers it). Block bytes past the committed end are cut away.
+        """
+        if not self._recoverable:
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
+        free, log_bytes = self.free_bytes(), self._log_bytes()
+        needed = self.min_free_bytes + log_bytes  # the memtable becomes a table about the size of the log
+        if free < needed:
+            raise StoreError(
+                "store.unwritable",
+                f"the store takes no writes after a failed one ({self._failure}): {_megabytes(free)} free, "
+                f"recovering needs {_megabytes(needed)}; reads go on",
+            )
+        try:
+            self._db.compact_range(start=_NO_KEYS[0], stop=_NO_KEYS[1])
+            rotated = self._newest_log() > self._failed_log
+            if rotated:  # never a write into the torn log
+                self._db.delete(_PROBE_KEY, sync=True)
+                self.blocks.trim()
+        except (plyvel.Error, OSError) as exc:
+            problem: str | None = _condition(exc)
+        else:
+            problem = None if rotated else "LevelDB did not start a new log"
+        if problem is not None:
+            log.error("%s: recovering from the failed write failed (%s); a restart recovers it", self.path, problem)
+            self._recoverable = False
+            self._failure = f"{self._failure}; recovering failed ({problem}): restart the node"
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
+        log.warning("%s: recovered from the failed write (%s): taking writes again", self.path, self._failure)
+        self._failure = None
+
+    def _log_files(self) -> list[tuple[int, int]]:
+        """LevelDB's write-ahead logs: (number, size) each."""
+        found = []
+        for entry in os.scandir(self.path):
+            stem, _, suffix = entry.name.partition(".")
+            if suffix == "log" and stem.isdigit():
+                found.append((int(stem), entry.stat().st_size))
+        return found
+
+    def _newest_log(self) -> int:
+        return max((number for number, _ in self._log_files()), default=0)
+
+    def _log_bytes(self) -> int:
+        return sum(size for _, size in self._log_files())
 
     def close(self) -> None:
         if self.key_filter is not None:
@@ -844,12 +1037,14 @@ class Transaction:
 
     def commit(self, pause: Callable[[], None] = NEVER.pause) -> None:
         """Sync the new blocks, then write everything that names them (and the files' new end) in one write
-        (`pause()` between groups of puts: reads go first)."""
+        (`pause()` between groups of puts: reads go first). Refused (`store.unwritable`) under the free-space
+        reserve or after a failed write (`Store.check_writable`)."""
+        self._store.check_writable(self._appender.size)
         if self._blocks:
             try:
                 self._appender.flush()
-            except OSError as exc:
-                raise StoreError("store.write", f"{self._store.path}: writing block files failed ({exc})") from None
+            except OSError as exc:  # a torn append past the committed end: cut away before writes resume
+                raise self._store._write_failed(exc, "the block files") from None
             self.put(BLOCKS_END, self._appender.end)
         self._store._apply(self._writes, pause)  # every key of it is in the key filter since its put
         if self._blocks:

@@ -40,12 +40,13 @@ from node.jsonrpc import (
     REJECTED,
     STOPPING,
     UNAVAILABLE,
+    UNWRITABLE,
     Dispatcher,
     RpcError,
     clip,
     invalid_params,
 )
-from node.service import Busy, IngestFailed, Node, Stopping
+from node.service import STORE_UNWRITABLE, Busy, IngestFailed, Node, Stopping
 from node.usage import Usage, UsageError, UsageStats
 
 if TYPE_CHECKING:
@@ -247,7 +248,11 @@ def register(
         except Stopping as exc:
             raise RpcError(STOPPING, str(exc), {"code": "node.stopping"}) from None
         except IngestFailed as exc:
-            raise RpcError(INTERNAL_ERROR, f"the write failed: {exc}", {"code": "ingest.failed"}) from None
+            if exc.code == STORE_UNWRITABLE:
+                store = await node.read(ledger.writability)
+                data = {"code": exc.code, "free_bytes": store.free_bytes, "min_free_bytes": store.min_free_bytes}
+                raise RpcError(UNWRITABLE, str(exc), data) from None
+            raise RpcError(INTERNAL_ERROR, str(exc), {"code": exc.code}) from None
         if receipt.verdict is Verdict.REJECTED:
             first = receipt.errors[0]
             raise RpcError(
@@ -566,6 +571,7 @@ def register(
                 "index": {"status": ledger.index_status, "indexed": live},
                 "retrieval": retrieval_status(),
                 "ingest_queue": node.queued(),
+                "store": ledger.writability().to_json(),
                 "uptime_seconds": round(time.time() - node.started, 3),
             }
 

@@ -2,7 +2,7 @@
 
 Layout (like Kubo's repo or Bitcoin Core's datadir):
 
-    config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits
+    config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits, the free-space reserve
     network.json    the genesis: the network's parameters (ledger.params), shared by every node
     author.key      signs the operations this node makes for its RPC clients (0600)
     p2p.key         the libp2p identity: the peer id others dial (0600)
@@ -111,6 +111,14 @@ class IngestConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    #: writes that would leave less free space (MiB) on the data directory's file system are refused
+    #: (`store.unwritable`) before LevelDB meets a full disk, like geth's --datadir.minfreedisk: a memtable flush
+    #: and a compaction need a few hundred MB while they run; small disks (tests, devnets) set it lower
+    min_free_mb: int = 512
+
+
+@dataclass(frozen=True, slots=True)
 class RetrievalConfig:
     #: the model that ranks experiences for a query: a node-local model (its vectors are computed in the
     #: background; until then the network's embedding ranks), or "network" for the network's embedding only
@@ -165,6 +173,7 @@ class Config:
     p2p: P2PConfig = P2PConfig()
     log: LogConfig = LogConfig()
     ingest: IngestConfig = IngestConfig()
+    store: StoreConfig = StoreConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     llm: LlmConfig = LlmConfig()
     proxy: ProxyConfig = ProxyConfig()
@@ -189,6 +198,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
+    "store": {"min_free_mb": (int, "MiB, an integer from 0 to 1073741824")},
     "retrieval": {"model": (str, " or ".join(f'"{name}"' for name in (*MODELS, NETWORK)))},
     "llm": {
         "base_url": (str, "an http:// or https:// URL"),
@@ -216,6 +226,7 @@ _SECTIONS = {
     "p2p": P2PConfig,
     "log": LogConfig,
     "ingest": IngestConfig,
+    "store": StoreConfig,
     "retrieval": RetrievalConfig,
     "llm": LlmConfig,
     "proxy": ProxyConfig,
@@ -293,6 +304,8 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1 <= value <= 1_000_000
         case "ingest", "batch":
             return 1 <= value <= 100_000
+        case "store", "min_free_mb":
+            return 0 <= value <= 1 << 30
         case "retrieval", "model":
             return value == NETWORK or value in MODELS
         case "llm", "base_url":
@@ -393,6 +406,11 @@ format = "{log.format}"  # auto: text on a terminal, JSON lines otherwise
 [ingest]
 queue = {ingest.queue}   # submissions waiting for the writer; more are refused
 batch = {ingest.batch}   # operations per synced write, at most
+
+[store]
+# writes that would leave less free space (MiB) on the data directory's disk are refused until space is
+# freed (reads go on), before the database ever meets a full disk
+min_free_mb = {config.store.min_free_mb}
 
 [retrieval]
 # the model that ranks experiences for a query: "{DEFAULT_MODEL}" (computed by this node in the background,

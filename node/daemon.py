@@ -198,7 +198,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
         author = home.author_key()
         peer_key = home.peer_key()
         model = load_model(config.retrieval.model)  # refused before the data is opened if it cannot be loaded
-        ledger = Ledger.open(home.data_dir, params)
+        ledger = Ledger.open(home.data_dir, params, min_free_bytes=config.store.min_free_mb << 20)
     except LedgerError as exc:
         _close(sock, proxy_sock)
         if exc.code == "store.open" and "lock" in exc.message.lower():
@@ -315,6 +315,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_ingest)
+            nursery.start_soon(node.recover_writes, control.drain)
             if embedding:
                 await nursery.start(embedding.run)
             nursery.start_soon(stop_network)

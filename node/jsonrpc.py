@@ -38,6 +38,7 @@ STOPPING = -32004  # the node is shutting down
 UNAVAILABLE = -32005  # a peer could not be reached (peers.connect)
 ECHO_CHARS = 100  # characters of a client's input an error message repeats, at most
 MAX_MESSAGE_CHARS = 300  # an error message's length, at most, whatever it quotes
+UNWRITABLE = -32006  # the store takes no writes (free space under the reserve, or after a failed write); reads go on
 
 Handler = Callable[..., Awaitable[Any]]
 #: what a client hears of a bug in a method; the traceback is in the node's log
