@@ -15,9 +15,9 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import plyvel
 
@@ -26,9 +26,6 @@ from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.priority import NEVER
-
-if TYPE_CHECKING:
-    from ledger.keyfilter import KeyFilter
 
 log = logging.getLogger(__name__)
 
@@ -345,6 +342,19 @@ class ReadView(Protocol):
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
 
+class StoredKeys(Protocol):
+    """What the store asks of the filter of its stored keys (`ledger.keyfilter.KeyFilter`, which the ledger attaches):
+    the filter reads the store's tables, so the store names only this, and the modules import one way."""
+
+    def may_hold(self, key: bytes) -> bool: ...
+
+    def add(self, key: bytes) -> None: ...
+
+    def add_all(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    def close(self) -> None: ...
+
+
 class StoreError(LedgerError):
     """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
 
@@ -455,7 +465,7 @@ class Store:
     def __init__(self, path: Path, *, create: bool) -> None:
         self.path = path
         #: answers most gets of keys that are not stored without LevelDB (ledger/keyfilter.py); the ledger attaches it
-        self.key_filter: KeyFilter | None = None
+        self.key_filter: StoredKeys | None = None
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
                 "store.missing",
