@@ -39,7 +39,7 @@ FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
-# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
+# the ingest path B, K, P, W, A, H and the other META names; the library (ledger/library/) X, D, V, O,
 # T, Y, R, C, G, Q, J, E, Z, U and META last_add (I names bucket marks, which only the key filter holds).
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
