@@ -27,14 +27,10 @@ from ledger.store import (
 )
 
 _META_HEAD = struct.Struct(">QBBB")
-
-
 #: operations whose metadata is cached (cleared when full): causality reads recent operations. The entries
 #: are plain tuples the garbage collector does not track, so the limit bounds memory only (a cache of
 #: objects was once unbounded, and full collections, which visit every tracked object, grew with it)
 _META_CACHE_LIMIT = 20_000
-
-
 #: `OpMeta` as the cache holds it: (clock, index of the kind in `_KINDS`, parents, targets)
 _PlainMeta = tuple[int, int, tuple[bytes, ...], tuple[bytes, ...]]
 

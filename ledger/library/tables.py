@@ -3,7 +3,7 @@
 Rule: an experience's record holds what §7.3 lists (status, alias_of, version, heads, domain, support, absorbed,
 deleted_by, up, down, created_by, clock); resolving an id follows alias_of. A verdict names the rule that decided
 it (§7.4's void codes).
-Invariant: the keys and bytes the fold writes are the on-disk format (docs/ARCHITECTURE.md, "Tables"): a data
+Invariant: the keys and bytes the fold writes are the on-disk format (docs/ARCHITECTURE.md, "Who owns what"): a data
 directory an earlier version wrote opens as it is, or through an upgrade at open (`upgrades`).
 """
 
@@ -37,49 +37,27 @@ from ledger.store import (
 )
 
 _KINDS = list(Kind)
-
-
 _KIND_INDEX = {kind: index for index, kind in enumerate(_KINDS)}
-
-
 _KIND_BYTE = {kind: bytes([index]) for index, kind in enumerate(_KINDS)}
-
-
 #: the kinds of operation that act on an experience, and of those the modifies (`Library._applied_to`)
 _ACTS_ON = frozenset({_KIND_BYTE[Kind.MODIFY], _KIND_BYTE[Kind.DELETE]})
-
-
 _MODIFIES = frozenset({_KIND_BYTE[Kind.MODIFY]})
-
-
 #: the operations acting on an experience are read from those naming its adds unless it has more adds than the
 #: component has experiences over this (then from the component's list of operations): at 100k operations, ~20 µs
 #: per add against ~2.5 µs per experience of the component. Read through this module (`tables._READ_BY_NAME`): the
 #: property tests set it to 0, to read by name whatever the component's size
 _READ_BY_NAME = 8
-
-
 #: sorts after every order (u64 clock, CID)
 _LAST_ORDER = b"\xff" * 9
-
-
 #: sorts before every order: an undo before a batch's new operations are folded has every late add of it pending
 _FIRST_ORDER = b""
-
-
 #: the tables the fold writes; a rebuild clears them
 TABLES = (EXPERIENCE, BY_DOMAIN, STATUS, ORDER, BY_TARGET, VOTES, COUNTED, COMPONENT, MEMBER, COMPONENT_OP,
           COMPONENT_SIZE, ABSORBS, BUCKET, LISTED)  # fmt: skip
-
-
 #: the verdicts of a merge that one more concurrent modify or delete of a source can reword but not reverse (§7.4)
 _REWORDABLE = frozenset({"merge.concurrent_delete", "merge.concurrent_modify", "merge.target_deleted"})
-
-
 #: the verdicts of a merge that no record can change: §7.4 reads the whole set of operations for them
 _CONCURRENTLY_VOID = frozenset({"merge.concurrent_delete", "merge.concurrent_modify"})
-
-
 _TARGET_DELETED, _NOT_EXPERIENCE = "merge.target_deleted", "target.not_experience"
 
 

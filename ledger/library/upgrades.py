@@ -1,4 +1,4 @@
-"""What a data directory gets at open, and clearing the library for a rebuild (docs/ARCHITECTURE.md, "Upgrades").
+"""What a data directory gets at open, and clearing the library for a rebuild (docs/ARCHITECTURE.md, "Who owns what").
 
 Rule: a data directory an earlier version wrote opens: its bucket marks move into the key filter (I is dropped),
 its table of add vectors (F) is dropped, its records' long lists move into U. `clear` empties every table the fold
@@ -27,16 +27,10 @@ from ledger.store import (
 )
 
 log = logging.getLogger(__name__)
-
-
 #: bucket marks deleted per write when a data directory that stored them is opened
 _DROP_CHUNK = 100_000
-
-
 #: keys per synced write when long lists move out of the records of a data directory written before the U table
 _MOVE_CHUNK = 100_000
-
-
 _CLEARED = tuple(table for table in TABLES if table != ORDER)  # a rebuild reads the order, and writes it the same
 
 
