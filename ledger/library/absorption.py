@@ -141,6 +141,7 @@ class Absorption:
         late copy reads the copies of its window, not every copy of the insight (~158,000 keys in the 1M
         workload's largest cluster, a 283 ms read for one signature, without the horizon). F only moves
         earlier, so an anchor stays where a takeover leaves it.
+        bench_ledger: "a copy that sorts first" and "one after it".
         """
         highest = u64(read_u64(order[:8]) + self._horizon + 1)  # an add this one may take over sorts before this
         following: set[bytes] = set()

@@ -50,6 +50,7 @@ class Edits:
         Its votes become void, and the votes of its tree count where its members resolve now (`_tally`). Any peer
         can sign a delete of an add absorbed into an experience a merge took, with a clock just above the add's,
         which folded the component again.
+        bench_ledger: "a delete that voids a merge".
         """
         records, txn = work.records, work.records.txn
         assert record.alias_of is not None

@@ -172,6 +172,7 @@ class Library(
         adds over, rewrites what it takes or moves and what acted on that since. In a 200k workload's largest
         component (1,363 experiences, ~1,940 operations) such operations cost 160-270 ms when the component was
         folded again, each changing one to five records.
+        bench_ledger: "late on early members" and "late add ... ratio (target <= 20)".
         """
         cid = order_cid(order)
         op = work.fold.operations[cid]

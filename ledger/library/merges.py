@@ -63,6 +63,7 @@ class Merges:
         One peer could otherwise make the node fold a large component again for two signatures: a merge of two
         small roots, then a modify concurrent with it (~1.2 s in the 1M workload's largest component), or such a
         modify and any other operation of the component in one batch.
+        bench_ledger: "a modify that voids a merge and one of another member in one batch".
         """
         records, txn = work.records, work.records.txn
         trees: list[bytes] = []
@@ -92,7 +93,9 @@ class Merges:
 
     def _undo(self, records: _Records, merge: bytes) -> None:
         """Undo an applied merge that nothing but votes acted on: its record goes, its sources stand for themselves,
-        and the void merges naming it, folded already, are void as merges of no experience (§7.4 reads that first)."""
+        and the void merges naming it, folded already, are void as merges of no experience (§7.4 reads that first).
+        bench_ledger: "a delete that voids a merge void merges name".
+        """
         txn = records.txn
         record = records.record(merge)
         assert record is not None
@@ -166,6 +169,7 @@ class Merges:
         lists an add in what its F resolved to where the add sorts; the merge's support counts them already). Any
         peer can sign a merge of two small roots with a clock just above theirs: it folded the 1M workload's
         largest component again (9,565 operations, 1.5-2.3 s).
+        bench_ledger: "a merge of two early roots sorting just after them".
         """
         records, txn = work.records, work.records.txn
         meta = self.meta(txn, cid)
@@ -203,7 +207,9 @@ class Merges:
         taken back is folded again after it; returns the orders folded again after it (`now`: the order of the
         operation being folded). One whose target was deleted before it is void (§7.4) and changes no record. Any
         peer can sign a merge of two experiences that merges, modifies or deletes acted on since, with a clock
-        just above theirs."""
+        just above theirs.
+        bench_ledger: "a merge of an early add a merge took and a new add".
+        """
         records, txn = work.records, work.records.txn
         rewound = sorted({self._resolved_at(records, target, order) for target in self.meta(txn, cid).targets})
         stood = [records.record(exp_id) for exp_id in rewound]
@@ -261,7 +267,9 @@ class Merges:
 
     def _reword(self, work: _Work) -> None:
         """The verdicts of void merges that new modifies or deletes of their sources are concurrent with: the
-        concurrency rules come first in §7.4 and name the first such operation, which may now be another."""
+        concurrency rules come first in §7.4 and name the first such operation, which may now be another.
+        bench_ledger: "a delete that voids a merge ..., another once it is void".
+        """
         records = work.records
         for merge in sorted(work.reworded):
             cid = order_cid(merge)

@@ -154,7 +154,8 @@ class Takeover:
         near the first adds of two experiences, or near an add but not its first, and make a node fold the 1M
         workload's largest component again (1.8-2.6 s) for each; with a delete of an add that moves signed first,
         until deletes moved with them; out of the deleted experience of adds that void merges name, until those
-        merges were folded again alone (0.93-0.97 s at 1M, 16-22 ms since).
+        merges were folded again alone (0.93-0.97 s at 1M, 16-22 ms since). bench_ledger: "a copy that sorts first",
+        "the repeated insight (...): a split, a join", "with a delete of an add that leaves".
         """
         txn, records = work.records.txn, work.records
         taken = dict(work.takes_over[cid])
@@ -283,7 +284,9 @@ class Takeover:
         folded again after it (the adds taken over name it as F already, so they join what it stands for). It
         costs the operations of the experiences it touches, not its component's: one peer could sign a copy near
         adds that an applied merge and a delete name, or near the first adds of experiences merges took, and make
-        a node fold the 1M workload's largest component again (1.8-2.6 s)."""
+        a node fold the 1M workload's largest component again (1.8-2.6 s).
+        bench_ledger: "a late copy taking adds out of an experience an applied merge and a delete name".
+        """
         records = work.records
         into = records.txn.get(absorbs_key(cid))
         starts = [add for add, _ in work.takes_over[cid]] + ([into] if into is not None else [])
