@@ -1,4 +1,4 @@
-"""`expledger devnet …`: the command line of the local devnet (node/cli.py hands its arguments here).
+"""`expledger devnet …`: the command line of the local devnet (`devnet.command` hands its arguments here).
 
 Errors are one line, `expledger: error: <code>: <message>`, like every other command. Exit status: 0
 success, 1 the devnet is not in a state that allows the command (already running, a node that did not

@@ -21,10 +21,10 @@ import logging
 import os
 import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import plyvel
 
@@ -33,9 +33,6 @@ from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.priority import NEVER
-
-if TYPE_CHECKING:
-    from ledger.keyfilter import KeyFilter
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +46,7 @@ FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 
 # Table tags (the first byte of every key). Keys are built and parsed only by the functions
 # below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
-# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
+# the ingest path B, K, P, W, A, H and the other META names; the library (ledger/library/) X, D, V, O,
 # T, Y, R, C, G, Q, J, E, Z, U and META last_add (I names bucket marks, which only the key filter holds).
 META = b"M"  # M name -> value
 BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
@@ -358,6 +355,19 @@ class ReadView(Protocol):
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
 
+class StoredKeys(Protocol):
+    """What the store asks of the filter of its stored keys (`ledger.keyfilter.KeyFilter`, which the ledger attaches):
+    the filter reads the store's tables, so the store names only this, and the modules import one way."""
+
+    def may_hold(self, key: bytes) -> bool: ...
+
+    def add(self, key: bytes) -> None: ...
+
+    def add_all(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    def close(self) -> None: ...
+
+
 class StoreError(LedgerError):
     """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
 
@@ -519,7 +529,7 @@ class Store:
     def __init__(self, path: Path, *, create: bool) -> None:
         self.path = path
         #: answers most gets of keys that are not stored without LevelDB (ledger/keyfilter.py); the ledger attaches it
-        self.key_filter: KeyFilter | None = None
+        self.key_filter: StoredKeys | None = None
         #: writes that would leave less free space than this are refused (`store.unwritable`): before LevelDB
         #: meets a full disk (geth's --datadir.minfreedisk); the node sets it from `[store] min_free_mb`
         self.min_free_bytes = 0

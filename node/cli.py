@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
@@ -496,6 +497,17 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+#: the entry points of the commands that packages on top of the node add to `expledger` (`devnet`: pyproject.toml);
+#: the node finds them by name and imports none of them
+COMMANDS = "expledger.commands"
+
+
+def registered_commands() -> dict[str, Callable[[Sequence[str]], int]]:
+    """The commands other installed packages register (name -> what runs it with the arguments after the name); the
+    first line of its docstring is its --help line."""
+    return {entry.name: entry.load() for entry in sorted(entry_points(group=COMMANDS), key=lambda entry: entry.name)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="expledger", description="Experience Ledger: a signed, shared library of reasoning experiences."
@@ -527,9 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_commands(commands, common)
     dso_cli.add_commands(commands, common)
-    commands.add_parser(  # listed for --help; main() hands `devnet …` to devnet.cli before parsing
-        "devnet", help="a local devnet of several nodes: up, status, logs, stop, start, down, demo, join"
-    )
+    for name, command in registered_commands().items():  # listed for --help; main() hands them on before parsing
+        commands.add_parser(name, help=(command.__doc__ or name).strip().splitlines()[0])
 
     commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
     audit = commands.add_parser(
@@ -599,10 +610,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["devnet"]:
-        from devnet.cli import main as devnet_main  # the launcher sits on top of the node: loaded only for it
-
-        return devnet_main(argv[1:])
+    registered = registered_commands()
+    if argv[:1] and argv[0] in registered:
+        return registered[argv[0]](argv[1:])
     try:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
@@ -611,8 +621,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in Home(args.home).init(params if args.network else None, args.rpc, args.p2p):
                 _emit(line)
             return 0
-        if args.command == "devnet":
-            raise UsageError("args.devnet", "`devnet` comes first (expledger devnet …); it takes its own --network")
+        if args.command in registered:
+            raise UsageError(
+                f"args.{args.command}",
+                f"`{args.command}` comes first (expledger {args.command} …); it takes its own options",
+            )
         if args.command == "daemon":
             from node import daemon  # the server stack loads only for the daemon
 

@@ -1,4 +1,4 @@
-"""Mistakes planted in the live library (ledger/library.py) that the differential tests must catch.
+"""Mistakes planted in the live library (ledger/library/) that the differential tests must catch.
 
 Each mutant is applied with a `MonkeyPatch` for one run and undone after it. `python -m tests.mutants [seeds]` runs
 the differential scenario of tests/test_reference.py on seeds 0, 1, ... under each mutant and prints the first seed
@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ledger import library
 from ledger.cid import CID
-from ledger.library import Library, OpMeta, _Records
+from ledger.library import Library, OpMeta, _Records, tables, votes
 from ledger.ops import Kind
 from ledger.records import OpStatus
 from ledger.store import by_target_prefix, order_cid, parse_by_target_key
@@ -33,13 +32,13 @@ def _forgetting_take_back(patch: pytest.MonkeyPatch) -> None:
 
 def _vote_counted_twice(patch: pytest.MonkeyPatch) -> None:
     """Each counted vote moves `up` or `down` twice."""
-    count = library._count
+    count = votes._count
 
     def twice(record, vote, sign):  # type: ignore[no-untyped-def]
         count(record, vote, sign)
         count(record, vote, sign)
 
-    patch.setattr(library, "_count", twice)
+    patch.setattr(votes, "_count", twice)
 
 
 def _first_source_decides(patch: pytest.MonkeyPatch) -> None:
@@ -47,7 +46,7 @@ def _first_source_decides(patch: pytest.MonkeyPatch) -> None:
     modify of the first source beats a delete of the second."""
 
     def voided(self: Library, records: _Records, cid: bytes, meta: OpMeta) -> OpStatus | None:
-        delete, modify = library._KIND_BYTE[Kind.DELETE], library._KIND_BYTE[Kind.MODIFY]
+        delete, modify = tables._KIND_BYTE[Kind.DELETE], tables._KIND_BYTE[Kind.MODIFY]
         for target in meta.targets:
             for kind in (delete, modify):
                 for key, _ in records.scan(by_target_prefix(target, kind)):
@@ -79,7 +78,7 @@ def _ties_to_the_highest_cid(patch: pytest.MonkeyPatch) -> None:
         seen = self.ancestors_among(records, old, cid) if old else set()
         heads = [head for head in old if head not in seen] + [cid]
         winner = max(heads, key=lambda head: (self.meta(records, head).clock, head))
-        record.heads, record.version = library._sorted_cids(heads), CID(winner)
+        record.heads, record.version = tables._sorted_cids(heads), CID(winner)
         record.domain = ".".join(op.content.domain if winner == cid else self.content(records, winner).domain)
         records.put(record)
         return OpStatus.applied(record.id.raw)

@@ -240,7 +240,7 @@ def test_near_duplicates_are_found_with_a_stale_or_missing_filter(tmp_path: Path
 def test_bucket_marks_a_directory_stored_are_dropped_and_still_answer(tmp_path: Path, monkeypatch, caplog) -> None:
     """A directory from before the marks moved into the filter stored them in table I: they are deleted at open,
     in chunks, and the near-duplicates of its adds are still found."""
-    monkeypatch.setattr("ledger.library._DROP_CHUNK", 3)
+    monkeypatch.setattr("ledger.library.upgrades._DROP_CHUNK", 3)
     params, path = factories.PARAMS, tmp_path / "node"
     pair = first, duplicate = _near_duplicate_pair(0)
     ledger = Ledger.open(path, params)
