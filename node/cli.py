@@ -1,7 +1,8 @@
 """`expledger`: the command line. A node (`init`, `daemon`), its RPC client (`status`, `add`, `get`, ...),
 and offline tools (`keygen`, `op new`, `op inspect`).
 
-Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
+Every failure is one line on stderr, `expledger: error: <code>: <message>` (at times followed by an
+`expledger: hint: …` line), with a stable exit status:
 0 success (or a valid operation), 1 an invalid operation or an error the node answered, 2 bad
 arguments or unusable input, 3 no daemon answers on the home.
 """
@@ -555,7 +556,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_op_inspect(args, params)
     except LedgerError as exc:
         _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
+        if exc.code == "home.uninitialised" and (hint := _devnet_hint()):
+            _emit(f"expledger: hint: {hint}", sys.stderr)
         return EXIT_USAGE
+
+
+def _devnet_hint() -> str | None:
+    """Where to point a command whose home holds no node, when a devnet runs (as scripts/demo.sh leaves one):
+    `expledger init` would make a new, empty node, which is rarely what was meant."""
+    from devnet.network import Devnet, DevnetError, default_dir
+
+    path = default_dir()
+    try:
+        running = Devnet.load(path).running() if Devnet.exists(path) else []
+    except DevnetError:
+        return None
+    if not running:
+        return None
+    home = running[0].home.path
+    names = ", ".join(node.name for node in running)
+    return (
+        f"the devnet in {path} runs {names}; to query {running[0].name}, add `--home {home}` or "
+        f"`export {HOME_ENV}={home}` (`expledger init` would make a new, empty node)"
+    )
 
 
 if __name__ == "__main__":
