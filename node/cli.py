@@ -525,6 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from devnet.cli import main as devnet_main  # the launcher sits on top of the node: loaded only for it
 
         return devnet_main(argv[1:])
+    args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
@@ -556,7 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_op_inspect(args, params)
     except LedgerError as exc:
         _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
-        if exc.code == "home.uninitialised" and (hint := _devnet_hint()):
+        querying = args is not None and args.command not in ("init", "daemon")  # `daemon` wants a home of its own
+        if exc.code == "home.uninitialised" and querying and (hint := _devnet_hint()):
             _emit(f"expledger: hint: {hint}", sys.stderr)
         return EXIT_USAGE
 

@@ -65,7 +65,11 @@ class Client:
                 {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}
                 for params in calls[start : start + BATCH]
             ]
-            answers = {answer.get("id"): answer for answer in self._post(requests)}
+            answered = self._post(requests)
+            if not isinstance(answered, list):  # the server refused the batch whole: its one error is raised
+                _result(answered)
+                raise RpcFailed("rpc.batch", "the daemon answered a batch with a single result", -32603)
+            answers = {answer.get("id"): answer for answer in answered}
             results.extend(_result(answers[request["id"]]) for request in requests)
         return results
 

@@ -32,8 +32,9 @@ from devnet.cli import build_parser as devnet_parser
 from devnet.demo import build, load_library
 from devnet.network import port_free
 from ledger.params import NetworkParams
+from node import client as node_client
 from node.cli import build_parser as node_parser
-from node.client import Client
+from node.client import Client, RpcFailed
 from node.home import Home, process_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,6 +203,8 @@ def test_a_command_on_a_home_with_no_node_points_at_the_running_devnet(demo, tmp
     hint = bare.stderr.splitlines()[1]
     assert hint.startswith(f"expledger: hint: the devnet in {demo['devnet']} runs node1, node2, node3; ")
     assert f"add `--home {node1}` or `export EXPLEDGER_HOME={node1}`" in hint
+    daemon = subprocess.run([str(BIN / "expledger"), "daemon"], capture_output=True, text=True, env=env)
+    assert daemon.returncode == 2 and "home.uninitialised" in daemon.stderr and "hint" not in daemon.stderr
     followed = subprocess.run(
         [str(BIN / "expledger"), "list", "--limit", "3"],
         capture_output=True,
@@ -229,6 +232,17 @@ def test_retrieve_and_list_show_whole_texts_wrapped_to_the_terminal(demo):
         assert len(shown_texts & texts) >= 3 and "…" not in shown.stdout, shown.stdout
         texts_lines = [line for block in blocks for line in block.splitlines()[1:]]
         assert all(len(line) <= 60 for line in texts_lines), shown.stdout
+
+
+def test_a_batch_of_gets_answers_in_order_across_requests_and_raises_the_first_error(demo, monkeypatch):
+    """`list` fetches its texts with JSON-RPC batches of `get` (at most the server's 100 calls each)."""
+    client = Client(Home(demo["devnet"] / "node2"))
+    ids = [record["id"] for record in client.call("list", limit=1000)["experiences"]]
+    monkeypatch.setattr(node_client, "BATCH", 7)
+    assert [view["id"] for view in client.batch("get", [{"id": cid} for cid in ids])] == ids
+    with pytest.raises(RpcFailed) as refused:
+        client.batch("get", [{"id": ids[0]}, {"id": "not-a-cid"}])
+    assert refused.value.rpc_code == -32602 and "id" in refused.value.message
 
 
 def test_up_on_a_running_devnet_says_so_and_starts_only_what_is_down(demo):
