@@ -1,7 +1,8 @@
 """`expledger`: the command line. A node (`init`, `daemon`), its RPC client (`status`, `add`, `get`, ...),
 and offline tools (`keygen`, `op new`, `op inspect`, `audit --ledger`).
 
-Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
+Every failure is one line on stderr, `expledger: error: <code>: <message>` (at times followed by an
+`expledger: hint: …` line), with a stable exit status:
 0 success (or a valid operation), 1 an invalid operation or an error the node answered, 2 bad
 arguments or unusable input, 3 no daemon answers on the home.
 """
@@ -500,6 +501,8 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
 #: the entry points of the commands that packages on top of the node add to `expledger` (`devnet`: pyproject.toml);
 #: the node finds them by name and imports none of them
 COMMANDS = "expledger.commands"
+#: entry points that may say where a command with no node in its home should look (the devnet's running nodes)
+HINTS = "expledger.hints"
 
 
 def registered_commands() -> dict[str, Callable[[Sequence[str]], int]]:
@@ -613,6 +616,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     registered = registered_commands()
     if argv[:1] and argv[0] in registered:
         return registered[argv[0]](argv[1:])
+    args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
@@ -649,7 +653,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_op_inspect(args, params)
     except LedgerError as exc:
         _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
+        querying = args is not None and args.command not in ("init", "daemon")  # `daemon` wants a home of its own
+        if exc.code == "home.uninitialised" and querying and (hint := _devnet_hint()):
+            _emit(f"expledger: hint: {hint}", sys.stderr)
         return EXIT_USAGE
+
+
+def _devnet_hint() -> str | None:
+    """Where to point a command whose home holds no node, when a devnet runs (as scripts/demo.sh leaves one):
+    `expledger init` would make a new, empty node, which is rarely what was meant. The devnet package answers
+    through its `expledger.hints` entry point, so the node imports nothing of it."""
+    for entry in entry_points(group=HINTS):
+        hint = entry.load()()
+        if hint:
+            return hint
+    return None
 
 
 if __name__ == "__main__":

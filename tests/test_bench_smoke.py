@@ -46,10 +46,17 @@ def test_bench_ledger_runs_with_the_networks_horizon_and_says_when_a_split_does_
     # most of the component is folded where it sorts
     assert re.search(r"sorting just after them [\d.,]+ ms \(folds 0 operations again\)", out), out
     # and a merge of an add a merge after it took: that merge is taken back and folded again after the late one,
-    # which it takes instead (one operation folded again, not the component's)
-    assert re.search(
-        r"a merge took and a new add, sorting just after them, [\d.,]+ ms \(folds 1 operations again\)", out
-    ), out
+    # which it takes instead, with what acted on it since: a handful of operations, not the component's. How many
+    # acted on it depends on the workload's vectors, which follow the processor's BLAS kernel (its order of summing
+    # a norm rounds a few texts in a hundred to other float16 vectors: ../shared/notes/embeddings.md): 1, 2 or 3
+    late = re.search(
+        r"a merge took and a new add, sorting just after them, [\d.,]+ ms \(folds (\d+) operations again, of the "
+        r"(\d+) of its component sorting after it\)",
+        out,
+    )
+    assert late, out
+    folded, after = int(late.group(1)), int(late.group(2))
+    assert 1 <= folded <= 8 and folded < after, out
     # and a copy taking adds out of an experience an applied merge and a delete name: it rewinds what it touches (the
     # merge and what acted on it), not the component
     assert re.search(r"an applied merge and a delete name, [\d.,]+ ms \(folds \d operations again\)", out), out
