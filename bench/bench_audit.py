@@ -34,7 +34,8 @@ from ledger.cid import CID
 from ledger.ledger import DB_DIR, Ledger
 from ledger.params import NetworkParams
 from ledger.records import ExperienceRecord, Life
-from ledger.store import EXPERIENCE, Store, experience_key, listed_prefix
+from ledger.store import Store
+from ledger.tables import EXPERIENCE, experience_key, listed_prefix
 
 EXPLEDGER = Path(sys.executable).parent / "expledger"
 

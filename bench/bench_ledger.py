@@ -71,7 +71,7 @@ from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.records import Life, Outcome
 from ledger.retrieval import Retriever
-from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
+from ledger.tables import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
 from ledger.view import LedgerView
 

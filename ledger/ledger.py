@@ -43,21 +43,8 @@ from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
 from ledger.ops import load_stored
 from ledger.params import NetworkParams
 from ledger.priority import ReadPriority
-from ledger.store import (
-    NETWORK,
-    ORDER,
-    REBUILDING,
-    ReadView,
-    Store,
-    StoreError,
-    Writability,
-    log_key,
-    merkle_node_key,
-    opmeta_key,
-    order_cid,
-    parse_ordered_key,
-    write_file_atomically,
-)
+from ledger.store import ReadView, Store, StoreError, Writability, write_file_atomically
+from ledger.tables import NETWORK, ORDER, REBUILDING, log_key, merkle_node_key, opmeta_key, order_cid, parse_ordered_key
 from ledger.validation import SignatureChecks, check_embeddings
 from ledger.view import LedgerView
 

@@ -20,7 +20,7 @@ from ledger.cid import CID
 from ledger.library import Library, OpMeta, _Records, tables, votes
 from ledger.ops import Kind
 from ledger.records import OpStatus
-from ledger.store import by_target_prefix, order_cid, parse_by_target_key
+from ledger.tables import by_target_prefix, order_cid, parse_by_target_key
 from tests.differential import differential_run
 
 

@@ -13,7 +13,8 @@ import pytest
 
 from ledger.ledger import DB_DIR, Ledger
 from ledger.records import ExperienceRecord, Life
-from ledger.store import Store, experience_key
+from ledger.store import Store
+from ledger.tables import experience_key
 from tests import factories as f
 from tests.daemons import expledger, init_home, running
 from tests.differential import acting_on

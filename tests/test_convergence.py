@@ -11,7 +11,7 @@ from ledger import library, records
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
-from ledger.store import BUCKET, absorbs_key, order_cid, u64
+from ledger.tables import BUCKET, absorbs_key, order_cid, u64
 from tests import factories as f
 from tests.ledgers import ACTIONS, CONTEXTS, converged_state, open_ledger, random_history
 

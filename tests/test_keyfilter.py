@@ -20,7 +20,7 @@ from ledger.keyfilter import _BUILD_CHUNK, FILTER_FILE, OLD_FILTER_FILE, TABLES,
 from ledger.ledger import Ledger
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
-from ledger.store import BLOCK, BUCKET, BUCKET_MARK, BUCKETS_MARKED, LOG, VOTES, bucket_mark_key
+from ledger.tables import BLOCK, BUCKET, BUCKET_MARK, BUCKETS_MARKED, LOG, VOTES, bucket_mark_key
 from tests import factories
 
 keys = st.builds(lambda table, rest: table + rest, st.sampled_from(TABLES), st.binary(max_size=80))

@@ -19,9 +19,9 @@ from ledger.library.tables import _alias, _insert_cid, _new_record, _sorted_cids
 from ledger.neardup import exact_cosine_exceeds, exact_cosines_exceed
 from ledger.ops import Operation
 from ledger.records import OpStatus, Outcome
-from ledger.store import (
+from ledger.store import Transaction
+from ledger.tables import (
     LAST_ADD,
-    Transaction,
     absorbs_key,
     bucket_key,
     bucket_mark_key,

@@ -23,13 +23,8 @@ from ledger.ops import Operation
 from ledger.params import NetworkParams
 from ledger.priority import NEVER
 from ledger.records import ExperienceRecord, Life
-from ledger.store import (
-    ReadView,
-    Transaction,
-    by_domain_key,
-    experience_key,
-    listed_key,
-)
+from ledger.store import ReadView, Transaction
+from ledger.tables import by_domain_key, experience_key, listed_key
 
 
 @dataclass

@@ -15,8 +15,8 @@ from ledger.library.batch import _Work
 from ledger.library.order import OpMeta
 from ledger.library.tables import _KIND_BYTE, _not_experience
 from ledger.ops import Kind, Operation
-from ledger.store import (
-    Transaction,
+from ledger.store import Transaction
+from ledger.tables import (
     component_key,
     component_op_key,
     component_op_prefix,

@@ -26,8 +26,8 @@ from ledger.library.tables import (
 )
 from ledger.ops import Operation, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus
-from ledger.store import (
-    ReadView,
+from ledger.store import ReadView
+from ledger.tables import (
     by_target_prefix,
     component_op_prefix,
     component_size_key,

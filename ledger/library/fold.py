@@ -34,16 +34,8 @@ from ledger.ops import Kind, Operation, load_stored
 from ledger.params import NetworkParams
 from ledger.priority import NEVER
 from ledger.records import Life, OpStatus
-from ledger.store import (
-    Transaction,
-    absorbs_key,
-    by_target_key,
-    component_key,
-    order_cid,
-    order_key,
-    ordered_key,
-    status_key,
-)
+from ledger.store import Transaction
+from ledger.tables import absorbs_key, by_target_key, component_key, order_cid, order_key, ordered_key, status_key
 
 
 class Library(

@@ -36,14 +36,8 @@ from ledger.library.tables import (
 )
 from ledger.ops import Kind, Operation, load_stored
 from ledger.records import Life, OpStatus, Outcome
-from ledger.store import (
-    Transaction,
-    by_target_prefix,
-    component_key,
-    order_cid,
-    parse_by_target_key,
-    status_key,
-)
+from ledger.store import Transaction
+from ledger.tables import by_target_prefix, component_key, order_cid, parse_by_target_key, status_key
 
 
 class Merges:

@@ -19,12 +19,8 @@ from ledger.library.batch import _Records
 from ledger.library.tables import _KIND_INDEX, _KINDS
 from ledger.ops import Kind, Operation
 from ledger.records import Life, OpStatus
-from ledger.store import (
-    ReadView,
-    head_key,
-    opmeta_key,
-    order_key,
-)
+from ledger.store import ReadView
+from ledger.tables import head_key, opmeta_key, order_key
 
 _META_HEAD = struct.Struct(">QBBB")
 #: operations whose metadata is cached (cleared when full): causality reads recent operations. The entries

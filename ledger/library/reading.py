@@ -15,14 +15,14 @@ from ledger.cid import CID
 from ledger.library.tables import _listed_in
 from ledger.ops import Experience, Operation, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus, Vote
-from ledger.store import (
+from ledger.store import ReadView
+from ledger.tables import (
     COUNTED,
     EXPERIENCE,
     LISTED,
     ORDER,
     STATUS,
     VOTES,
-    ReadView,
     by_domain_prefix,
     by_target_prefix,
     cid_of_key,

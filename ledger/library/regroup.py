@@ -15,12 +15,7 @@ from ledger.library.batch import _Records, _Work
 from ledger.library.tables import _ACTS_ON, _KIND_BYTE, _MODIFIES, _alias, _insert_cid, _new_record, _sorted_cids
 from ledger.ops import Kind, Operation, load_stored
 from ledger.records import Life, OpStatus, Outcome
-from ledger.store import (
-    by_target_prefix,
-    order_cid,
-    parse_by_target_key,
-    status_key,
-)
+from ledger.tables import by_target_prefix, order_cid, parse_by_target_key, status_key
 
 
 class Regroup:

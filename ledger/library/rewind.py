@@ -23,8 +23,8 @@ from ledger.library.batch import _Records, _tree, _Work
 from ledger.library.tables import _CONCURRENTLY_VOID, _KIND_BYTE, _LAST_ORDER, _MODIFIES
 from ledger.ops import Kind, Operation, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus
-from ledger.store import (
-    Transaction,
+from ledger.store import Transaction
+from ledger.tables import (
     by_target_prefix,
     component_op_key,
     component_op_prefix,

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable
 from ledger.cid import CID
 from ledger.ops import Kind, Operation
 from ledger.records import ExperienceRecord, Life, OpStatus, list_digest
-from ledger.store import (
+from ledger.store import ReadView, StoreError
+from ledger.tables import (
     ABSORBS,
     BUCKET,
     BY_DOMAIN,
@@ -30,8 +31,6 @@ from ledger.store import (
     ORDER,
     STATUS,
     VOTES,
-    ReadView,
-    StoreError,
     listed_prefix,
     parse_listed_key,
 )

@@ -22,8 +22,8 @@ from ledger.library.tables import _KIND_BYTE, _LAST_ORDER, _new_record
 from ledger.neardup import band_keys_of_many
 from ledger.ops import Kind, Operation
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome
-from ledger.store import (
-    Transaction,
+from ledger.store import Transaction
+from ledger.tables import (
     absorbs_key,
     bucket_mark_key,
     bucket_prefix,

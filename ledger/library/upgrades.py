@@ -14,17 +14,8 @@ import logging
 from ledger.cid import CID_LENGTH
 from ledger.library.tables import TABLES, _listed_in
 from ledger.records import INLINE_LIST, ExperienceRecord
-from ledger.store import (
-    BUCKET_MARK,
-    BUCKETS_MARKED,
-    EXPERIENCE,
-    LAST_ADD,
-    LISTS_OUTSIDE,
-    ORDER,
-    VECTOR,
-    Store,
-    listed_key,
-)
+from ledger.store import Store
+from ledger.tables import BUCKET_MARK, BUCKETS_MARKED, EXPERIENCE, LAST_ADD, LISTS_OUTSIDE, ORDER, VECTOR, listed_key
 
 log = logging.getLogger(__name__)
 #: bucket marks deleted per write when a data directory that stored them is opened

@@ -17,7 +17,7 @@ from ledger.library.batch import _Records, _Work
 from ledger.library.tables import _KIND_BYTE, _not_experience
 from ledger.ops import Kind, Operation
 from ledger.records import ExperienceRecord, Life, OpStatus, Vote
-from ledger.store import (
+from ledger.tables import (
     by_target_prefix,
     component_key,
     counted_key,
