@@ -527,7 +527,7 @@ def test_a_late_copy_sorting_first_among_two_experiences_joins_them_in_place(tmp
 
 
 #: the middle one is found near each of the others (their cosine is above the threshold and they share a hash
-#: band, §7.6), the outer two are not found near each other (as in tests/test_convergence.py's `_COPIED`)
+#: band, §7.6), the outer two are not found near each other (as in tests/test_convergence_late.py's `_COPIED`)
 NEAR = (
     "When solving geometry problems with intersections, always check the bounds.",
     "When solving geometry problems with intersections, check the bounds.",
