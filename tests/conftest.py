@@ -22,3 +22,30 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = config.option.basetemp or os.environ.get("PYTEST_DEBUG_TEMPROOT") or os.environ.get("TMPDIR")
     if not chosen and os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK | os.X_OK):
         os.environ["PYTEST_DEBUG_TEMPROOT"] = TMPFS  # xdist's workers inherit it
+
+
+#: the files that take longest, longest first (their tests' durations in a whole-suite run, `--durations=150`). With
+#: one file a worker (--dist=loadfile) a long file started last is the suite's tail: xdist's own order (files with
+#: more tests first) started the convergence properties last. pyproject.toml's `--no-loadscope-reorder` keeps
+#: this order: these first, then the others as collected.
+LONG_FILES = (
+    "test_convergence.py",
+    "test_convergence_late.py",
+    "test_dso_smollm.py",
+    "test_crash.py",
+    "test_network.py",
+    "test_p2p_hosts.py",
+    "test_devnet.py",
+    "test_bench_smoke.py",
+    "test_interop_js.py",
+    "test_p2p_hostile.py",
+    "test_daemon.py",
+    "test_dso.py",
+    "test_local_retrieval.py",
+    "test_readme.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: number for number, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
