@@ -3,14 +3,15 @@
 # peer and reach one state root). Not part of scripts/test.sh: a first build takes minutes (docs/DEVNET.md).
 #
 # The engine is Docker where `docker info` answers, else Podman, installed from Debian's packages when missing
-# (root on Debian). Podman here needs three settings, written to /etc/containers/containers.conf.d/ (each was an
-# error on a Firecracker VM with cgroups v1 beside a v2 hierarchy and no CAP_SYS_RESOURCE):
+# (root on Debian). Podman here needs three settings, written (as root) to /etc/containers/containers.conf.d/
+# (each was an error on a Firecracker VM with cgroups v1 beside a v2 hierarchy and no CAP_SYS_RESOURCE):
 #   runtime runc     crun 1.8: "cgroups in hybrid mode not supported, drop all controllers from cgroupv2"
 #   nofile, nproc    at most this shell's hard limits (nproc at most 32768, Podman's own): "crun: setrlimit
 #                    `RLIMIT_NOFILE`: Operation not permitted" with Podman's defaults
 # The Dockerfile's base, python:3.11-slim-bookworm, comes from Docker Hub; where it cannot be pulled, a stand-in is
-# made once with debootstrap: Debian bookworm with Python 3.11, its headers and pip, this machine's extra CA
-# certificates (a TLS-inspecting proxy's) and no EXTERNALLY-MANAGED marker, as in the official image.
+# made once with debootstrap: Debian bookworm with Python 3.11, its headers and pip, and no EXTERNALLY-MANAGED
+# marker, as in the official image, trusting this machine's own CA certificates (/usr/local/share/ca-certificates)
+# as the machine does, so that pip in the build reaches PyPI wherever the machine does.
 #
 #   EXPLEDGER_CONTAINER_ENGINE   podman or docker (default as above)
 #   EXPLEDGER_BASE_IMAGE         the base to build on (default python:3.11-slim-bookworm, else the stand-in)
@@ -55,7 +56,7 @@ stand_in_base() {
   command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q debootstrap >/dev/null
   rootfs=$(mktemp -d)
   debootstrap --variant=minbase --include=python3,python3-dev,python3-pip,python-is-python3,ca-certificates \
-    bookworm "$rootfs" http://deb.debian.org/debian >/dev/null
+    bookworm "$rootfs" >/dev/null
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
     cp /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
     chroot "$rootfs" update-ca-certificates >/dev/null

@@ -7,7 +7,7 @@ scripts/docker-check.sh installs Podman where none answers, makes a base image w
 and runs this file (docs/DEVNET.md). The containers share the host's network, each node on its own free ports of
 127.0.0.1, as tests/test_docker_files.py runs the entrypoint without an engine; compose's network is not used.
 
-  EXPLEDGER_CONTAINER_ENGINE   podman or docker (default: the first of them whose `info` answers)
+  EXPLEDGER_CONTAINER_ENGINE   docker or podman (default: the first of them whose `info` answers)
   EXPLEDGER_BASE_IMAGE         the Dockerfile's BASE_IMAGE (default its own, python:3.11-slim-bookworm)
 """
 
@@ -38,7 +38,7 @@ def engine_answering() -> tuple[str | None, str]:
     """The first engine whose `info` answers, or None and what each one said instead."""
     wanted = os.environ.get("EXPLEDGER_CONTAINER_ENGINE")
     said = []
-    for name in [wanted] if wanted else ["podman", "docker"]:
+    for name in [wanted] if wanted else ["docker", "podman"]:
         path = shutil.which(name)
         if path is None:
             said.append(f"{name} is not installed")
