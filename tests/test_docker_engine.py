@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,7 +134,7 @@ def cli(engine: str, name: str, *argv: str) -> dict[str, Any]:
     return json.loads(answer.stdout)
 
 
-def wait_until(condition, what: str, timeout: float = CONVERGE_TIMEOUT) -> None:
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = CONVERGE_TIMEOUT) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, what
