@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ledger.cid import CID
-from ledger.library import Library, OpMeta, _Records, tables, votes
+from ledger.library import Library, OpMeta, _Records, schema, votes
 from ledger.ops import Kind
 from ledger.records import OpStatus
 from ledger.tables import by_target_prefix, order_cid, parse_by_target_key
@@ -46,7 +46,7 @@ def _first_source_decides(patch: pytest.MonkeyPatch) -> None:
     modify of the first source beats a delete of the second."""
 
     def voided(self: Library, records: _Records, cid: bytes, meta: OpMeta) -> OpStatus | None:
-        delete, modify = tables._KIND_BYTE[Kind.DELETE], tables._KIND_BYTE[Kind.MODIFY]
+        delete, modify = schema._KIND_BYTE[Kind.DELETE], schema._KIND_BYTE[Kind.MODIFY]
         for target in meta.targets:
             for kind in (delete, modify):
                 for key, _ in records.scan(by_target_prefix(target, kind)):
@@ -78,7 +78,7 @@ def _ties_to_the_highest_cid(patch: pytest.MonkeyPatch) -> None:
         seen = self.ancestors_among(records, old, cid) if old else set()
         heads = [head for head in old if head not in seen] + [cid]
         winner = max(heads, key=lambda head: (self.meta(records, head).clock, head))
-        record.heads, record.version = tables._sorted_cids(heads), CID(winner)
+        record.heads, record.version = schema._sorted_cids(heads), CID(winner)
         record.domain = ".".join(op.content.domain if winner == cid else self.content(records, winner).domain)
         records.put(record)
         return OpStatus.applied(record.id.raw)

@@ -85,7 +85,7 @@ def test_low_clock_operations_after_a_large_history_converge(
     naming what it takes back (`_Following`), and those acting on an experience are read from those naming its
     adds, whatever the component's size."""
     if by_name:
-        monkeypatch.setattr(library.tables, "_READ_BY_NAME", 0)
+        monkeypatch.setattr(library.schema, "_READ_BY_NAME", 0)
     rng = random.Random(seed)
     history = random_history(rng, 240)
     late = _late_operations(rng, history, 25)
@@ -233,7 +233,7 @@ def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_conv
     if mode == "listed_outside":
         monkeypatch.setattr(records, "INLINE_LIST", 0)
     if mode == "by_name":
-        monkeypatch.setattr(library.tables, "_READ_BY_NAME", 0)
+        monkeypatch.setattr(library.schema, "_READ_BY_NAME", 0)
     if mode == "rewinding":
         monkeypatch.setattr(library.Library, "_take_over_in_place", lambda *_: False)
     rng = random.Random(seed)

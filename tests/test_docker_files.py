@@ -55,7 +55,10 @@ def test_the_compose_devnet_is_one_bootstrap_node_and_nodes_that_wait_for_its_he
     assert node["environment"]["EXPLEDGER_BOOTSTRAP_HOST"] == "bootstrap"
     assert node["depends_on"]["bootstrap"]["condition"] == "service_healthy"
     assert {port["host_ip"] for service in (bootstrap, node) for port in service["ports"]} == {"127.0.0.1"}
-    assert all(service["build"]["dockerfile"] == "docker/Dockerfile" for service in (bootstrap, node))
+    # one service builds the image, the others run it and never pull it
+    assert bootstrap["build"]["dockerfile"] == "docker/Dockerfile" and "build" not in node
+    assert bootstrap["image"] == node["image"] and node["pull_policy"] == "never"
+    assert "BASE_IMAGE" in bootstrap["build"]["args"]  # EXPLEDGER_BASE_IMAGE, else the Dockerfile's own
 
 
 def test_the_dockerfile_passes_hadolint():

@@ -84,5 +84,5 @@ def test_the_graph_sees_imports():
     """The checks above read real edges, absolute and within a package."""
     graph = _graph()
     assert "ledger.store" in graph["ledger.keyfilter"]
-    assert {"ledger.library.tables", "ledger.library.batch"} <= graph["ledger.library.fold"]
+    assert {"ledger.library.schema", "ledger.library.batch"} <= graph["ledger.library.fold"]
     assert "p2p" in {module.split(".")[0] for module in graph["node.daemon"]}

@@ -15,7 +15,7 @@ the batch's transaction and returns a `Fold` of what changed for the vector inde
 ledger publishes after the commit. It keeps no per-experience state in memory, but for the decoded
 forms of a few large records, each checked against the bytes it was decoded from before it is used.
 
-One module per rule, each stating its rule and invariant: `tables` (kinds, verdicts, records), `order` (canonical
+One module per rule, each stating its rule and invariant: `schema` (kinds, verdicts, records), `order` (canonical
 order, causality, resolution where an operation sorts), `batch` (a fold in progress), `reading`, `upgrades` (at
 open, and clearing for a rebuild), `components`, `absorption`, `edits` (modifies and deletes), `merges`, `votes`,
 `rewind` (take-backs), `takeover` and `regroup` (late adds taking adds over), and `fold` (the driver, `Library`).
@@ -24,6 +24,6 @@ open, and clearing for a rebuild), `components`, `absorption`, `edits` (modifies
 from ledger.library.batch import Fold, _LargeRecords, _Records
 from ledger.library.fold import Library
 from ledger.library.order import OpMeta
-from ledger.library.tables import TABLES
+from ledger.library.schema import TABLES
 
 __all__ = ["TABLES", "Fold", "Library", "OpMeta", "_LargeRecords", "_Records"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ledger.cid import CID
 from ledger.library.batch import _Records
-from ledger.library.tables import _alias, _insert_cid, _new_record, _sorted_cids, _written_by_alias
+from ledger.library.schema import _alias, _insert_cid, _new_record, _sorted_cids, _written_by_alias
 from ledger.neardup import exact_cosine_exceeds, exact_cosines_exceed
 from ledger.ops import Operation
 from ledger.records import OpStatus, Outcome

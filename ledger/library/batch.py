@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ledger.cid import CID
-from ledger.library.tables import _listed_in
+from ledger.library.schema import _listed_in
 from ledger.neardup import band_keys_of_many
 from ledger.ops import Operation
 from ledger.params import NetworkParams

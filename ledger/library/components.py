@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ledger.library.batch import _Work
 from ledger.library.order import OpMeta
-from ledger.library.tables import _KIND_BYTE, _not_experience
+from ledger.library.schema import _KIND_BYTE, _not_experience
 from ledger.ops import Kind, Operation
 from ledger.store import Transaction
 from ledger.tables import (

@@ -13,9 +13,9 @@ merge took after it (`_delete_merged_in_place`).
 from __future__ import annotations
 
 from ledger.cid import CID
-from ledger.library import tables
+from ledger.library import schema
 from ledger.library.batch import _Records, _tree, _Work
-from ledger.library.tables import (
+from ledger.library.schema import (
     _KIND_BYTE,
     _LAST_ORDER,
     _MODIFIES,
@@ -108,7 +108,7 @@ class Edits:
         record = records.record(exp_id)
         assert record is not None
         applied, found = OpStatus.applied(exp_id).pack(), []
-        if tables._READ_BY_NAME * record.support < read_u64(txn.get(component_size_key(component))):
+        if schema._READ_BY_NAME * record.support < read_u64(txn.get(component_size_key(component))):
             for named in _tree(records, exp_id):
                 for key, _ in txn.scan(by_target_prefix(named)):
                     kind, order = parse_by_target_key(key)

@@ -26,7 +26,7 @@ from ledger.library.order import CanonicalOrder, _PlainMeta
 from ledger.library.reading import Reading
 from ledger.library.regroup import Regroup
 from ledger.library.rewind import Rewind
-from ledger.library.tables import _KIND_BYTE, _insert_cid, _not_experience
+from ledger.library.schema import _KIND_BYTE, _insert_cid, _not_experience
 from ledger.library.takeover import Takeover
 from ledger.library.upgrades import Upgrades
 from ledger.library.votes import Votes, _root_became_alias, _stands_for

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from ledger.cid import CID
 from ledger.library.batch import _Records, _tree, _Work
 from ledger.library.order import OpMeta
-from ledger.library.tables import (
+from ledger.library.schema import (
     _ACTS_ON,
     _CONCURRENTLY_VOID,
     _FIRST_ORDER,

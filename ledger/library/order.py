@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 from ledger.cid import CID
 from ledger.library.batch import _Records
-from ledger.library.tables import _KIND_INDEX, _KINDS
+from ledger.library.schema import _KIND_INDEX, _KINDS
 from ledger.ops import Kind, Operation
 from ledger.records import Life, OpStatus
 from ledger.store import ReadView

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 from ledger import codec
 from ledger.cid import CID
-from ledger.library.tables import _listed_in
+from ledger.library.schema import _listed_in
 from ledger.ops import Experience, Operation, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus, Vote
 from ledger.store import ReadView

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ledger.cid import CID
 from ledger.library.batch import _Records, _Work
-from ledger.library.tables import _ACTS_ON, _KIND_BYTE, _MODIFIES, _alias, _insert_cid, _new_record, _sorted_cids
+from ledger.library.schema import _ACTS_ON, _KIND_BYTE, _MODIFIES, _alias, _insert_cid, _new_record, _sorted_cids
 from ledger.ops import Kind, Operation, load_stored
 from ledger.records import Life, OpStatus, Outcome
 from ledger.tables import by_target_prefix, order_cid, parse_by_target_key, status_key

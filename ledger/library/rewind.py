@@ -17,10 +17,10 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ledger.library import tables
+from ledger.library import schema
 from ledger.library.absorption import _f_before
 from ledger.library.batch import _Records, _tree, _Work
-from ledger.library.tables import _CONCURRENTLY_VOID, _KIND_BYTE, _LAST_ORDER, _MODIFIES
+from ledger.library.schema import _CONCURRENTLY_VOID, _KIND_BYTE, _LAST_ORDER, _MODIFIES
 from ledger.ops import Kind, Operation, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus
 from ledger.store import Transaction
@@ -59,7 +59,7 @@ class _Following:
         members = list(members)
         if self._by_name is None:
             size = read_u64(txn.get(component_size_key(component)))
-            self._by_name = tables._READ_BY_NAME * len(members) < size
+            self._by_name = schema._READ_BY_NAME * len(members) < size
         if not self._by_name:
             return
         orders = [self._order_of(member) for member in members]

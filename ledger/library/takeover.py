@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ledger.library.absorption import _chain_ends
 from ledger.library.batch import _Records, _tree, _Work
-from ledger.library.tables import _KIND_BYTE, _LAST_ORDER, _new_record
+from ledger.library.schema import _KIND_BYTE, _LAST_ORDER, _new_record
 from ledger.neardup import band_keys_of_many
 from ledger.ops import Kind, Operation
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome

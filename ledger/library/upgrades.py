@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ledger.cid import CID_LENGTH
-from ledger.library.tables import TABLES, _listed_in
+from ledger.library.schema import TABLES, _listed_in
 from ledger.records import INLINE_LIST, ExperienceRecord
 from ledger.store import Store
 from ledger.tables import BUCKET_MARK, BUCKETS_MARKED, EXPERIENCE, LAST_ADD, LISTS_OUTSIDE, ORDER, VECTOR, listed_key

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ledger.cid import CID
 from ledger.library.batch import _Records, _Work
-from ledger.library.tables import _KIND_BYTE, _not_experience
+from ledger.library.schema import _KIND_BYTE, _not_experience
 from ledger.ops import Kind, Operation
 from ledger.records import ExperienceRecord, Life, OpStatus, Vote
 from ledger.tables import (

@@ -43,7 +43,7 @@ _ACTS_ON = frozenset({_KIND_BYTE[Kind.MODIFY], _KIND_BYTE[Kind.DELETE]})
 _MODIFIES = frozenset({_KIND_BYTE[Kind.MODIFY]})
 #: the operations acting on an experience are read from those naming its adds unless it has more adds than the
 #: component has experiences over this (then from the component's list of operations): at 100k operations, ~20 µs
-#: per add against ~2.5 µs per experience of the component. Read through this module (`tables._READ_BY_NAME`): the
+#: per add against ~2.5 µs per experience of the component. Read through this module (`schema._READ_BY_NAME`): the
 #: property tests set it to 0, to read by name whatever the component's size
 _READ_BY_NAME = 8
 #: sorts after every order (u64 clock, CID)
