@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,10 +43,9 @@ from node.metrics import NodeMetrics
 from node.server import NodeRoutes, ServerState, is_authorized, presented_token
 from node.service import Node
 from node.usage import UsageStats
-from p2p.gossip import Allowance
-from p2p.host import key_pair
-from p2p.service import P2PNode, route_library_logs
-from p2p.sync import LogStates
+
+if TYPE_CHECKING:
+    from p2p.service import P2PNode
 
 log = logging.getLogger("expledger.daemon")
 
@@ -380,7 +380,13 @@ async def _serve_proxy(
 
 
 def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
-    """The p2p layer, fed by and feeding the node's ingest queue."""
+    """The p2p layer, fed by and feeding the node's ingest queue. libp2p loads only here: a node on its own ([p2p]
+    listen empty) starts without it (it is most of a daemon's start-up imports)."""
+    from p2p.gossip import Allowance
+    from p2p.host import key_pair
+    from p2p.service import P2PNode, route_library_logs
+    from p2p.sync import LogStates
+
     route_library_logs()
     network = P2PNode(
         key_pair(startup.peer_key.seed),

@@ -17,7 +17,7 @@ from tests import factories as f
 from tests.ledgers import ACTIONS, CONTEXTS, open_ledger, random_history
 
 #: near-duplicates of each other (from their own authors), but the second and third are not near each other: late
-#: copies of one of them join experiences, or take adds out of one (the chain of tests/test_convergence.py)
+#: copies of one of them join experiences, or take adds out of one (the chain of tests/test_convergence_late.py)
 COPIES = (
     "When solving geometry problems with intersections, check all of the bounds.",
     "When solving geometry problems with many intersections, check all the bounds.",

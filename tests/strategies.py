@@ -1,9 +1,18 @@
-"""Hypothesis strategies for operations of every kind (shape only: validity is not required)."""
+"""Hypothesis strategies: operations of every kind (shape only: validity is not required), and the horizons the
+convergence properties run with."""
 
 from hypothesis import strategies as st
 
 from ledger.cid import CID
 from ledger.ops import Embedding, Example, Experience, Kind, Operation
+from tests import factories as f
+
+#: causal horizons (§7.2) the property tests run with: with the smallest, most pairs of operations are ordered by
+#: their clocks alone; with the network's default, none of these short histories reaches it
+HORIZONS = st.sampled_from([1, 3, 8, f.PARAMS.causal_horizon])
+#: absorption horizons (§7.6): with the small ones, copies a few clocks apart stay apart or join through chains,
+#: and a late copy takes over only the copies of its window
+ABSORPTION_HORIZONS = st.sampled_from([1, 2, 3, f.PARAMS.absorption_horizon])
 
 cids = st.binary(min_size=1, max_size=16).map(CID.for_block)
 sorted_cids = st.lists(cids, max_size=4, unique=True).map(lambda links: tuple(sorted(links)))

@@ -1,6 +1,8 @@
 """kill -9 at random moments loses nothing acknowledged, and the log only ever grows consistently."""
 
+import os
 import random
+import select
 import subprocess
 import sys
 import time
@@ -20,6 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run_worker(data_dir: Path, ops_file: Path, seed: int, start: int, kill_after: float | None) -> list[str]:
+    """The worker's lines; killed `kill_after` seconds after its first acknowledgement (its start-up, seconds long
+    on a loaded machine, does not count), or run to its end if None."""
     worker = subprocess.Popen(
         [sys.executable, "-m", "tests.crash_worker", str(data_dir), str(ops_file), str(seed), str(start)],
         stdout=subprocess.PIPE,
@@ -30,11 +34,30 @@ def _run_worker(data_dir: Path, ops_file: Path, seed: int, start: int, kill_afte
     if kill_after is None:
         out, err = worker.communicate(timeout=300)
         assert worker.returncode == 0, err
-    else:
+        return out.splitlines()
+    try:
+        first = _first_line(worker)
         time.sleep(kill_after)
+    finally:
         worker.kill()  # SIGKILL: no cleanup, no flush beyond what was synced
-        out, _ = worker.communicate(timeout=60)
-    return out.splitlines()
+    out, err = worker.communicate(timeout=60)
+    assert first, f"the worker ended before it acknowledged anything: {err[-2000:]}"
+    return (first + out).splitlines()
+
+
+def _first_line(worker: subprocess.Popen[str], timeout: float = 120) -> str:
+    """The worker's output up to its first newline, read from the pipe itself (`communicate` reads on from there;
+    a buffered read would keep what follows from it); "" if it ended first."""
+    assert worker.stdout is not None
+    read, deadline = b"", time.monotonic() + timeout
+    while b"\n" not in read:
+        ready, _, _ = select.select([worker.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"no acknowledgement within {timeout} s"
+        chunk = os.read(worker.stdout.fileno(), 65536)
+        if not chunk:
+            return ""
+        read += chunk
+    return read.decode()
 
 
 def test_kill_minus_nine_loses_nothing_acknowledged(tmp_path):
@@ -46,7 +69,7 @@ def test_kill_minus_nine_loses_nothing_acknowledged(tmp_path):
     acknowledged: set[str] = set()
     heads: list[tuple[int, bytes]] = []
     for run in range(RUNS):
-        lines = _run_worker(data_dir, ops_file, run, run * 150, kill_after=rng.uniform(0.7, 1.7))
+        lines = _run_worker(data_dir, ops_file, run, run * 150, kill_after=rng.uniform(0.05, 1.0))
         assert "DONE" not in lines, f"run {run} finished before it was killed"
         for line in lines:
             if line.startswith("ACK"):

@@ -23,7 +23,7 @@ from ledger.ops import Kind
 from node.config import ConfigError, load_config
 from node.daemon import MIN_RPC_CONNECTIONS, rpc_connections
 from tests import factories as f
-from tests.daemons import EXPLEDGER, expledger, init_home, log_lines, running, start
+from tests.daemons import EXPLEDGER, expledger, expledger_here, init_home, log_lines, running, start
 
 GEOMETRY = f.SEED_TEXTS[0]
 COMBINATORICS = f.SEED_TEXTS[1]
@@ -383,8 +383,10 @@ def test_a_full_ingest_queue_refuses_with_busy(tmp_path):
 
 
 def test_the_cli_drives_the_daemon(node):
+    """Every client command against the running daemon, in this process (the installed entry point is started as a
+    process by the tests around it: init, the refusals, no daemon running)."""
     home = node.home
-    added = expledger(
+    added = expledger_here(
         "add",
         "--text",
         "When a recurrence has constant coefficients, try a characteristic root.",
@@ -397,7 +399,7 @@ def test_the_cli_drives_the_daemon(node):
     assert added.returncode == 0, added.stderr
     assert added.stdout.startswith("applied add bafyrei")
     cid = added.stdout.split()[-1]
-    as_json = expledger("get", cid, "--json", home=home)
+    as_json = expledger_here("get", cid, "--json", home=home)
     assert json.loads(as_json.stdout)["id"] == cid
     for args in (
         ["status"],
@@ -411,10 +413,10 @@ def test_the_cli_drives_the_daemon(node):
         ["vote", cid, "up"],
         ["modify", cid, "--confidence", "0.8"],
     ):
-        result = expledger(*args, home=home)
+        result = expledger_here(*args, home=home)
         assert result.returncode == 0, (args, result.stderr)
         assert result.stdout.strip()
-    refused = expledger("add", "--text", "no context clause", "--domain", "m", "--confidence", "0.5", home=home)
+    refused = expledger_here("add", "--text", "no context clause", "--domain", "m", "--confidence", "0.5", home=home)
     assert refused.returncode == 1 and refused.stderr.startswith("expledger: error: text.structure: ")
 
 
