@@ -5,8 +5,8 @@ batch they ingest is synced to disk. On a tmpfs, the same real LevelDB, block fi
 the system time a disk's journal costs (test_convergence's voided-merge and copies properties: 15.8 -> 11.0 s of
 CPU, 27 -> 19 s of wall time, on a 2-core machine with an ext4 /tmp). So unless the user chose a place
 (--basetemp, PYTEST_DEBUG_TEMPROOT or TMPDIR), the temporary directories go to /dev/shm where it exists with room
-to spare; those of passing tests are removed as they pass (`tmp_path_retention_policy = "failed"` in pyproject.toml), so they do not
-hold memory.
+to spare; those of passing tests are removed as they pass (`tmp_path_retention_policy = "failed"` in
+pyproject.toml), so they do not hold memory.
 """
 
 from __future__ import annotations
