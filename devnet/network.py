@@ -457,20 +457,20 @@ def _node_status(node: NodeSpec, peer_id: str) -> dict[str, Any]:
 def wait_caught_up(
     client: Client, name: str, say: Callable[[str], None], target: int = 0, timeout: float = WAIT_TIMEOUT
 ) -> None:
-    """Wait until the node holds `target` operations or more, every connected peer's log has been read in a
-    completed sync round, and its own sync says "in sync"; says its progress whenever it changes."""
+    """Wait until the node holds `target` operations or more, has reconciled with every connected peer, and its
+    own sync says "in sync" (nothing found missing is still missing); says its progress whenever it changes."""
     started, shown = time.monotonic(), ""
     while True:
         table = client.call("peers")
         log_size = client.call("status")["log_size"]
         sync = table["self"]["sync"]
         connected = [peer for peer in table["peers"] if peer["connected"]]
-        unread = [peer for peer in connected if not peer["sync"]["last"] or peer["sync"]["read"] < peer["sync"]["head"]]
-        if connected and not unread and sync["state"] == "in sync" and log_size >= target:
-            say(f"  {name} in sync: log {log_size}, {len(connected)} peer(s) read")
+        unreconciled = [peer for peer in connected if not peer["sync"]["last"]]
+        if connected and not unreconciled and sync["state"] == "in sync" and log_size >= target:
+            say(f"  {name} in sync: log {log_size}, {len(connected)} peer(s) reconciled")
             return
         of = f" of {target}" if target else ""
-        line = f"  {name} catching up: log {log_size}{of}, {sync['behind']} behind, {len(unread)} peer log(s) to read"
+        line = f"  {name} catching up: log {log_size}{of}, {sync['behind']} missing, {len(unreconciled)} peer(s) to reconcile"
         if line != shown:
             say(line)
             shown = line

@@ -84,9 +84,11 @@ class Peer:
     score: float = 0.0
     scored_at: float = field(default_factory=time.monotonic)
     banned_until: float = 0.0  # monotonic
-    sync_state: str = "idle"  # idle, syncing, in sync, failed: CODE
-    read_position: int = 0  # entries of its log read (and verified)
-    head_size: int = 0  # the size of its newest head we saw (signed, or hinted by its gossip)
+    sync_state: str = "idle"  # idle, syncing, fetching, in sync, failed: CODE
+    head_size: int = 0  # the size of its newest head we verified (signed, consistent with the ones before)
+    hinted_size: int = 0  # the largest log size its gossip claimed (a hint that prompts a sync round)
+    missing: int = 0  # operations its last reconciliation found that this node lacked
+    fetched: int = 0  # operations fetched from it by sync
     last_sync: float = 0.0  # wall-clock seconds of the last completed sync
     sync_failures: int = 0
     next_sync: float = 0.0  # monotonic: no sync before (backoff after failures)
@@ -130,8 +132,9 @@ class Peer:
             "banned_for": max(0.0, round(self.banned_until - time.monotonic(), 1)),
             "sync": {
                 "state": self.sync_state,
-                "read": self.read_position,
                 "head": self.head_size,
+                "missing": self.missing,
+                "fetched": self.fetched,
                 "last": self.last_sync,
                 "failures": self.sync_failures,
                 "in_flight": self.in_flight,

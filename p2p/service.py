@@ -17,7 +17,7 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -48,7 +48,19 @@ from p2p.peers import (
     PeerEvents,
     ping,
 )
-from p2p.sync import MAX_BLOCKS, ForkDetected, LogStates, Misbehaviour, SyncError, fetch_blocks, read_log, serve
+from p2p.reconcile import SetIndex
+from p2p.sync import (
+    MAX_BLOCKS,
+    ForkDetected,
+    LogStates,
+    Misbehaviour,
+    SyncError,
+    check_head,
+    differences,
+    fetch_blocks,
+    read_head,
+    serve,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +80,9 @@ ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
 #: what a sync request can get wrong that no honest node does (a stream cut short or slow may be the network's fault)
 PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
 FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
+FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
+FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
+INGEST_SLOTS = 2  # fetched windows queued for ingest while the next is fetched
 
 
 class LedgerPort(Protocol):
@@ -88,6 +103,16 @@ class LedgerPort(Protocol):
 
 
 @dataclass
+class Want:
+    """An operation a reconciliation found missing: its clock (fetch order) and the peers that listed it."""
+
+    clock: int
+    since: float  # monotonic, when first found
+    peers: set[ID] = field(default_factory=set)
+    in_flight: bool = False
+
+
+@dataclass
 class Counters:
     gossip_received: int = 0
     gossip_rejected: int = 0
@@ -95,7 +120,9 @@ class Counters:
     gossip_throttled: int = 0  # its origin had used up its allowance of operations
     gossip_sent: int = 0
     operations_gossiped: int = 0
-    sync_entries: int = 0
+    sync_rounds: int = 0  # reconciliations completed
+    sync_fetched: int = 0  # operations received by sync (each missing one is fetched from one peer)
+    sync_duplicates: int = 0  # of those, ones this node held or had queued by the time they arrived
     sync_served: int = 0
     forks: int = 0
 
@@ -167,8 +194,12 @@ class P2PNode:
         self.host.get_network().register_notifee(self._notifee)
         self._deliveries = trio.Semaphore(DELIVERIES)  # acquired by the receiver, released by the delivery
         self._syncs = trio.CapacityLimiter(SYNCS)
+        self.index = SetIndex()
+        self._wanted: dict[bytes, Want] = {}
+        self._wanted_changed = trio.Event()
+        self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
         self._nursery: trio.Nursery | None = None
-        serve(self.host, ledger.view, ledger.read, self._served)
+        serve(self.host, ledger.view, ledger.read, self._served, self.index)
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -184,6 +215,7 @@ class P2PNode:
                 nursery.start_soon(self._deliver_released)
                 nursery.start_soon(self._ping_peers)
                 nursery.start_soon(self._sweep_orphans)
+                nursery.start_soon(self._fetch_wanted)
                 for addr in self.bootstrap:
                     nursery.start_soon(self._keep_connected, addr)
                 self.addrs = full_addrs(self.host)
@@ -234,15 +266,19 @@ class P2PNode:
         await self.host.disconnect(peer_id)
 
     def sync_status(self) -> dict[str, Any]:
-        """In sync when every connected peer's log, as far as we know of it, has been read."""
-        peers = [p for p in self.connected() if p.node]
-        behind = sum(max(0, p.head_size - p.read_position) for p in peers)
+        """In sync when every connected peer has been reconciled with since it connected and nothing it listed,
+        nor anything an orphan waits for, is missing here."""
+        connected = self.connected()
+        unreconciled = sum(1 for peer in connected if not peer.last_sync)
+        behind = len(self._wanted) + len(self.orphans)
         return {
-            "state": "in sync" if behind == 0 else "catching up",
+            "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
             "behind": behind,
-            "read": sum(p.read_position for p in peers),
-            "known": sum(p.head_size for p in peers),
-            "peers": len(self.host.get_connected_peers()),
+            "unreconciled": unreconciled,
+            "rounds": self.counters.sync_rounds,
+            "fetched": self.counters.sync_fetched,
+            "duplicates": self.counters.sync_duplicates,
+            "peers": len(connected),
             "orphans": len(self.orphans),
         }
 
@@ -329,9 +365,9 @@ class P2PNode:
             peer = self.peers.get(forwarder) if forwarder is not None else None
             if peer is not None:
                 peer.gossip_messages += 1
-            for candidate in self.connected():  # its sender's log grew: read it soon
-                if candidate.node == batch.node and batch.size > candidate.read_position:
-                    candidate.head_size = max(candidate.head_size, batch.size)
+            for candidate in self.connected():  # its sender's log grew: reconcile with it soon
+                if candidate.node == batch.node and batch.size > max(candidate.head_size, candidate.hinted_size):
+                    candidate.hinted_size = batch.size
                     candidate.wanted.set()
             # named by who handed it over: that is the peer to ask for what its operations miss
             sender = str(forwarder) if forwarder is not None else str(origin)
@@ -357,6 +393,12 @@ class P2PNode:
         "On their way" matters: gossip messages are delivered concurrently, so a child's message is often checked
         before its parent's batch commits; a child queued after its parent applies with it or, if its lane is
         served first, waits in the ledger as pending until the parent's batch commits."""
+        ready, present = self._admit(ops, source)
+        return await self._submit(ready, present, source, peer, wait=wait, lane=lane)
+
+    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes], set[bytes]]:
+        """The first half of `_deliver`, with no await: what goes to the ledger now (and which of those are
+        decodable operations, now counted as on their way), the rest into the orphan pool."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
@@ -399,9 +441,22 @@ class P2PNode:
             else:
                 ready.append(data)
                 present.add(cid)
+        self._queued.update(present)
+        return ready, present
+
+    async def _submit(
+        self,
+        ready: list[bytes],
+        present: set[bytes],
+        source: Source,
+        peer: Peer | None,
+        *,
+        wait: bool,
+        lane: str | None = None,
+    ) -> int:
+        """The second half of `_deliver`: into the ingest queue; how many the ledger rejected."""
         if not ready:
             return 0
-        self._queued.update(present)
         try:
             receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane)
         finally:
@@ -465,32 +520,33 @@ class P2PNode:
                     peer.sync_failed("sync.internal")
 
     async def sync_with(self, peer: Peer) -> None:
-        """Read the peer's log to its current head, then fetch what orphans from it still miss."""
+        """One round: verify the peer's signed head against the last one of its node (a fork is caught here),
+        reconcile our sets to learn what it holds that we lack (fetched afterwards, each operation from one
+        peer, by `_fetch_wanted`), then fetch what orphans from it and pending operations still miss."""
         peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
-        source = Source("sync", str(peer.id))
-
-        async def deliver(ops: list[bytes]) -> int:
-            return await self._deliver(ops, source, peer, wait=True)
-
-        started = time.monotonic()
         try:
-            read = await read_log(self.host, peer.id, self.states, deliver, peer)
-            self.counters.sync_entries += read
-            if read:
-                log.info(
-                    "read %d operations of %s's log from %s in %.1f s",
-                    read,
-                    peer.node,
-                    peer.id,
-                    time.monotonic() - started,
-                )
+            head = await read_head(self.host, peer.id)
+            if head.node in self.states.refused:
+                raise ForkDetected(f"{head.node} has forked before; it is refused", {"node": head.node})
+            state = self.states.get(head.node)
+            peer.node = head.node
+            if await check_head(self.host, peer.id, state, head):
+                state.head = head
+                self.states.save(state)
+            peer.head_size = max(head.size, state.head.size if state.head else 0)
+            view = self.ledger.view()
+            await self.index.follow(view, self.ledger.read)
+            found = await differences(self.host, peer.id, self.index)
+            self.counters.sync_rounds += 1
+            peer.missing = self._want(found, peer.id, view)
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
-                found = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
-                await deliver(found)
-            peer.sync_state, peer.sync_failures, peer.last_sync = "in sync", 0, time.time()
+                found_blocks = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
+                await self._deliver(found_blocks, Source("sync", str(peer.id)), peer, wait=True)
+            peer.sync_state = "fetching" if peer.missing else "in sync"
+            peer.sync_failures, peer.last_sync = 0, time.time()
             # gossip hints at a grown log with nearly every message under load, and gossip itself delivers most of
             # it: one round a second at most is enough to repair what gossip lost
             peer.next_sync = time.monotonic() + SYNC_SPACING
@@ -508,6 +564,116 @@ class P2PNode:
             peer.sync_failed(exc.code)
         finally:
             peer.in_flight -= 1
+
+    def _want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
+        """Record which of `found` (listed by `peer`) this node lacks; how many."""
+        now, lacking = time.monotonic(), 0
+        for clock, cid in found:
+            if cid in self._queued or view.has(CID(cid)):
+                continue
+            lacking += 1
+            want = self._wanted.get(cid)
+            if want is None:
+                want = self._wanted[cid] = Want(clock, now)
+            want.peers.add(peer)
+        if lacking:
+            self._wanted_changed.set()
+        return lacking
+
+    async def _fetch_wanted(self) -> None:
+        """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
+        the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, then queued
+        for ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan).
+        An operation waits FETCH_GRACE after it was found, since gossip usually delivers it meanwhile."""
+        async with trio.open_nursery() as ingesting:
+            while True:
+                if not self._wanted:
+                    await self._wanted_changed.wait()
+                    self._wanted_changed = trio.Event()
+                    continue
+                window = self._window()
+                if not window:
+                    await trio.sleep(FETCH_GRACE / 4)
+                    continue
+                chunks = self._assign(window)
+                results: list[list[bytes]] = [[] for _ in chunks]
+                async with trio.open_nursery() as fetching:
+                    for number, (peer_id, cids) in enumerate(chunks):
+                        fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
+                for (peer_id, cids), blocks in zip(chunks, results, strict=True):
+                    self._settle(peer_id, cids, blocks)
+                    peer = self.peer(peer_id)
+                    source = Source("sync", str(peer_id))
+                    ready, present = self._admit(blocks, source)
+                    await self._ingest_slots.acquire()
+                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer)
+
+    def _window(self) -> list[bytes]:
+        """The CIDs to fetch next: not in flight, found at least FETCH_GRACE ago, still lacking; lowest clocks first."""
+        view, ripe = self.ledger.view(), time.monotonic() - FETCH_GRACE
+        connected = set(self.host.get_connected_peers())
+        candidates = []
+        for cid, want in list(self._wanted.items()):
+            if want.in_flight or want.since > ripe:
+                continue
+            want.peers &= connected
+            if not want.peers or cid in self._queued or view.has(CID(cid)):
+                del self._wanted[cid]
+                continue
+            candidates.append((want.clock, cid))
+        candidates.sort()
+        return [cid for _, cid in candidates[:FETCH_WINDOW]]
+
+    def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
+        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
+        load: Counter[ID] = Counter()
+        chunks: list[tuple[ID, list[bytes]]] = []
+        for cid in window:
+            want = self._wanted[cid]
+            want.in_flight = True
+            if chunks and chunks[-1][0] in want.peers and len(chunks[-1][1]) < MAX_BLOCKS:
+                chunks[-1][1].append(cid)
+                load[chunks[-1][0]] += 1
+                continue
+            chosen = min(sorted(want.peers, key=str), key=lambda peer_id: load[peer_id])
+            chunks.append((chosen, [cid]))
+            load[chosen] += 1
+        return chunks
+
+    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
+        peer = self.peer(peer_id)
+        try:
+            results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
+        except Misbehaviour as exc:
+            await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
+        except (SyncError, LedgerError) as exc:
+            log.info("fetching %d operations from %s failed: %s", len(cids), peer_id, exc)
+
+    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
+        """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
+        arrived = {CID.for_block(data).raw for data in blocks}
+        view = self.ledger.view()
+        self.counters.sync_fetched += len(blocks)
+        self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
+        self.peer(peer_id).fetched += len(blocks)
+        for cid in cids:
+            want = self._wanted.get(cid)
+            if want is None:
+                continue
+            if cid in arrived:
+                del self._wanted[cid]
+            else:
+                want.in_flight = False
+                want.peers.discard(peer_id)
+
+    async def _ingest_fetched(self, ready: list[bytes], present: set[bytes], source: Source, peer: Peer) -> None:
+        try:
+            if await self._submit(ready, present, source, peer, wait=True, lane="sync"):
+                await self._penalise(peer, PENALTY_MISBEHAVIOUR, "sync: it served operations ingest rejected")
+        except Exception:  # one chunk must not end the node; what it held is found missing again by the next round
+            log.exception("ingesting %d operations fetched from %s failed", len(ready), peer.id)
+        finally:
+            self._ingest_slots.release()
 
     # --- peers -----------------------------------------------------------------------------------------
 
@@ -541,7 +707,7 @@ class P2PNode:
                     continue
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
-                    peer.connected_since = time.time()
+                    peer.connected_since, peer.last_sync = time.time(), 0.0
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
             elif not self.is_connected(peer.id):

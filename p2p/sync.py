@@ -47,6 +47,21 @@ from ledger.proofs import verify_consistency
 from ledger.store import write_file_atomically
 from ledger.view import LedgerView
 from p2p.peers import Peer
+from p2p.reconcile import (
+    LEAF_BITS,
+    LEVELS,
+    LIST_BELOW,
+    MAX_LISTED,
+    MAX_PREFIXES,
+    STEP_BITS,
+    SetIndex,
+    bounds,
+    bucket_of,
+    check_ranges,
+    decode_item,
+    decode_sums,
+    encode_sums,
+)
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +185,19 @@ def _request(data: bytes) -> dict[str, Any]:
         "consistency": {"get", "old", "new"},
         "entries": {"get", "from", "to", "size"},
         "blocks": {"get", "cids"},
+        "sums": {"get", "level", "prefixes"},
+        "list": {"get", "level", "prefixes"},
     }
     expected = shapes.get(request["get"])
     if expected is None:
         raise SyncError("sync.request", f"get: unknown request {request['get']!r} (known: {', '.join(shapes)})")
     if request.keys() != expected:
         raise SyncError("sync.request", f"{request['get']}: expected exactly the fields {', '.join(sorted(expected))}")
+    if request["get"] in ("sums", "list"):
+        deepest = LEVELS[-1] if request["get"] == "sums" else LEAF_BITS
+        if (why := check_ranges(request, deepest)) is not None:
+            raise SyncError("sync.request", f"{request['get']}: {why}")
+        return request
     for name in expected - {"get", "cids"}:
         if type(request[name]) is not int or request[name] < 0:
             raise SyncError("sync.request", f"{name}: expected a non-negative integer")
@@ -186,12 +208,25 @@ def _request(data: bytes) -> dict[str, Any]:
     return request
 
 
-async def answer(view: LedgerView, data: bytes, read: Callable[..., Awaitable[Any]]) -> AsyncIterator[bytes]:
+async def answer(
+    view: LedgerView, data: bytes, read: Callable[..., Awaitable[Any]], index: SetIndex
+) -> AsyncIterator[bytes]:
     """The frames that answer one request, from one committed view (so a page and its proof agree); database
     reads run through `read` (the node's reader threads)."""
     request = _request(data)
     size = view.log_size
     match request["get"]:
+        case "sums":
+            await index.follow(view, read)
+            yield encode_sums(index.children(request["level"], request["prefixes"]))
+        case "list":
+            left = MAX_LISTED
+            for prefix in request["prefixes"]:
+                for clock, cid in await read(view.held_between, *bounds(request["level"], prefix), left):
+                    yield codec.encode([clock, cid])
+                    left -= 1
+                if left <= 0:
+                    break
         case "head":
             yield (await read(view.tree_head)).to_bytes()
         case "consistency":
@@ -222,7 +257,11 @@ async def answer(view: LedgerView, data: bytes, read: Callable[..., Awaitable[An
 
 
 def serve(
-    host: IHost, view: Callable[[], LedgerView], read: Callable[..., Awaitable[Any]], served: Callable[[ID, str], None]
+    host: IHost,
+    view: Callable[[], LedgerView],
+    read: Callable[..., Awaitable[Any]],
+    served: Callable[[ID, str], None],
+    index: SetIndex,
 ) -> None:
     """Answer sync requests on `host`. The handler never raises (an exception escaping a stream handler reaches
     libp2p's connection nursery and can end the process): a bad request or a failed exchange resets the stream."""
@@ -234,7 +273,7 @@ def serve(
             if data is None:
                 raise SyncError("sync.request", "the stream ended before a request")
             writer = FrameWriter(stream)
-            async for payload in answer(view(), data, read):
+            async for payload in answer(view(), data, read, index):
                 await writer.send(payload)
             await writer.flush()
             await stream.close()
@@ -471,3 +510,64 @@ async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes
         if CID.for_block(data).raw not in wanted:
             raise Misbehaviour("sync.blocks", "blocks: an operation that was not asked for")
     return frames
+
+
+async def differences(host: IHost, peer: ID, index: SetIndex) -> list[tuple[int, bytes]]:
+    """(clock, CID) of every operation `peer` lists in the ranges where its fingerprints and `index` (this node's,
+    caught up by the caller) differ: a superset of what it holds and this node lacks, found level by level."""
+    listing: dict[int, list[tuple[int, int]]] = {}  # level -> (prefix, the peer's count)
+    level, prefixes = 0, [0]
+    while prefixes:
+        theirs: list[tuple[int, bytes]] = []
+        for start in range(0, len(prefixes), MAX_PREFIXES):
+            chunk = prefixes[start : start + MAX_PREFIXES]
+            frames = await ask(host, peer, {"get": "sums", "level": level, "prefixes": chunk}, 1)
+            try:
+                theirs += decode_sums(frames[0] if frames else b"", 16 * len(chunk))
+            except LedgerError as exc:
+                raise Misbehaviour(exc.code, exc.message) from None
+        ours = index.children(level, prefixes)
+        level, deeper = level + STEP_BITS, []
+        for position, (their, our) in enumerate(zip(theirs, ours, strict=True)):
+            if their[0] == 0 or their == our:
+                continue
+            child = (prefixes[position // 16] << STEP_BITS) | (position % 16)
+            small = their[0] <= LIST_BELOW or our[0] == 0 or level == LEAF_BITS
+            if (small and their[0] <= MAX_LISTED) or level == LEAF_BITS:
+                listing.setdefault(level, []).append((child, their[0]))
+            else:
+                deeper.append(child)
+        prefixes = deeper
+    found: list[tuple[int, bytes]] = []
+    for at, ranges in listing.items():
+        for group in _groups(ranges):
+            found += await _list(host, peer, at, group)
+    return found
+
+
+def _groups(ranges: list[tuple[int, int]]) -> list[list[int]]:
+    """Ranges in requests of at most MAX_PREFIXES ranges and about MAX_LISTED operations."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for prefix, count in ranges:
+        if groups[-1] and (len(groups[-1]) == MAX_PREFIXES or total + count > MAX_LISTED):
+            groups.append([])
+            total = 0
+        groups[-1].append(prefix)
+        total += count
+    return groups
+
+
+async def _list(host: IHost, peer: ID, level: int, prefixes: list[int]) -> list[tuple[int, bytes]]:
+    frames = await ask(host, peer, {"get": "list", "level": level, "prefixes": prefixes}, MAX_LISTED)
+    wanted = set(prefixes)
+    items = []
+    for payload in frames:
+        try:
+            clock, cid = decode_item(payload)
+        except LedgerError as exc:
+            raise Misbehaviour(exc.code, exc.message) from None
+        if bucket_of(cid) >> (LEAF_BITS - level) not in wanted:
+            raise Misbehaviour("sync.list", "list: a CID outside the ranges asked for")
+        items.append((clock, cid))
+    return items

@@ -361,7 +361,7 @@ def test_the_walkthrough_runs_as_written_and_the_restarted_node_catches_up(tmp_p
         assert len(homes) == 5
         size = call(homes[0], "state_root")["log_size"]
         assert size == 3  # the add, the modify, the delete
-        assert re.search(rf"^  node5 in sync: log {size}, [12] peer\(s\) read$", printed, flags=re.MULTILINE)
+        assert re.search(rf"^  node5 in sync: log {size}, [12] peer\(s\) reconciled$", printed, flags=re.MULTILINE)
         assert "state roots: all 5 nodes agree" in printed
         assert "status: deleted" in printed  # node5's `get`
 

@@ -172,7 +172,9 @@ def test_a_node_that_was_offline_catches_up_through_sync(tmp_path):
         wait_until(lambda: converged([a, b], 1 + len(DISTINCT)), "b caught up with a")
         assert all(has(b, cid) for cid in made)
         table = {p["peer_id"]: p for p in b.call("peers")["peers"]}
-        assert table[peer_id(a)]["sync"]["read"] == 1 + len(DISTINCT)
+        assert table[peer_id(a)]["sync"]["fetched"] == len(DISTINCT)  # what it lacked, read once, not a's whole log
+        sync = b.call("status")["p2p"]["sync"]
+        assert (sync["fetched"], sync["duplicates"]) == (len(DISTINCT), 0)
 
 
 def test_a_burst_through_a_line_arrives_whole(tmp_path):
@@ -237,8 +239,8 @@ def test_a_peer_that_rewrites_its_log_is_detected_and_refused(tmp_path):
         wait_until(lambda: converged([a, b], 2), "a holds b's operations")
         b_id = peer_id(b)
         wait_until(
-            lambda: {p["peer_id"]: p for p in a.call("peers")["peers"]}[b_id]["sync"]["read"] == 2,
-            "a read b's log (and so verified a head of b's of size 2)",
+            lambda: {p["peer_id"]: p for p in a.call("peers")["peers"]}[b_id]["sync"]["head"] == 2,
+            "a verified a head of b's of size 2",
         )
         old_head = b.call("head")
         net.stop("b")
