@@ -470,7 +470,10 @@ def wait_caught_up(
             say(f"  {name} in sync: log {log_size}, {len(connected)} peer(s) reconciled")
             return
         of = f" of {target}" if target else ""
-        line = f"  {name} catching up: log {log_size}{of}, {sync['behind']} missing, {len(unreconciled)} peer(s) to reconcile"
+        line = (
+            f"  {name} catching up: log {log_size}{of}, {sync['behind']} missing,"
+            f" {len(unreconciled)} peer(s) to reconcile"
+        )
         if line != shown:
             say(line)
             shown = line
