@@ -36,6 +36,7 @@ from ledger.params import NetworkParams
 from ledger.validation import examine
 from ledger.view import LedgerView
 from p2p import gossip
+from p2p.discovery import TARGET_PEERS, Discovery
 from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import build_host, connect, full_addrs, parse_peer_addr
 from p2p.orphans import Orphan, OrphanPool
@@ -200,6 +201,7 @@ class P2PNode:
         self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
         self._nursery: trio.Nursery | None = None
         serve(self.host, ledger.view, ledger.read, self._served, self.index)
+        self.discovery = Discovery(self.host, lambda: self.addrs, self._refused, self.connect, self._connected_since)
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -216,6 +218,7 @@ class P2PNode:
                 nursery.start_soon(self._ping_peers)
                 nursery.start_soon(self._sweep_orphans)
                 nursery.start_soon(self._fetch_wanted)
+                nursery.start_soon(self.discovery.run)
                 for addr in self.bootstrap:
                     nursery.start_soon(self._keep_connected, addr)
                 self.addrs = full_addrs(self.host)
@@ -260,7 +263,14 @@ class P2PNode:
     async def connect(self, addr: str) -> ID:
         peer_id = await connect(self.host, addr, DIAL_TIMEOUT)
         self.peer(peer_id).addrs = [addr]
+        self.discovery.book.learn(peer_id, [addr])
         return peer_id
+
+    def _refused(self, peer_id: ID) -> bool:
+        return peer_id in self.peers and self.peers[peer_id].banned
+
+    def _connected_since(self, peer_id: ID) -> float | None:
+        return self.peers[peer_id].connected_since if peer_id in self.peers else None
 
     async def disconnect(self, peer_id: ID) -> None:
         await self.host.disconnect(peer_id)
@@ -708,6 +718,7 @@ class P2PNode:
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
                     peer.connected_since, peer.last_sync = time.time(), 0.0
+                    self.discovery.connected(peer.id)
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
             elif not self.is_connected(peer.id):
@@ -723,15 +734,19 @@ class P2PNode:
                 peer.scope = None
 
     async def _keep_connected(self, addr: str) -> None:
-        """Dial a bootstrap peer whenever it is not connected, backing off while it is unreachable."""
+        """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer than
+        TARGET_PEERS peers, backing off while it is unreachable. (Not always: a bootstrap node that closes surplus
+        connections would be redialled by everyone it let go.)"""
         peer_id, _ = parse_peer_addr(addr)
         if peer_id == self.id:
             return
         self.peer(peer_id).addrs = [addr]
+        self.discovery.book.learn(peer_id, [addr])
         backoff = 1.0
         while True:
             peer = self.peer(peer_id)
-            if self.is_connected(peer_id) or peer.banned:
+            enough = len(self.host.get_connected_peers()) >= TARGET_PEERS
+            if self.is_connected(peer_id) or peer.banned or enough:
                 await trio.sleep(1.0)
                 continue
             try:
