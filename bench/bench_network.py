@@ -1,7 +1,8 @@
 """Network benchmark: a fresh node catching up by sync, and propagation latency across real daemons.
 
 Usage: python -m bench.bench_network [--catch-up 10000] [--nodes 5] [--rates 10,100] [--seconds 10]
-                                     [--batching 3000] [--only catch-up|propagation|batching|rogue ...]
+                                     [--batching 3000] [--burst 1000]
+                                     [--only catch-up|propagation|batching|rogue|scale ...]
 
 Figures, each against a baseline measured in the same run:
   catch-up     N operations (bench.workload) ingested in-process into node A's data directory, in batches of
@@ -20,6 +21,14 @@ Figures, each against a baseline measured in the same run:
   rogue        propagation among K daemons at the first rate, first alone, then while a rogue peer
                (tests/rogue_peer.py) floods node 0 at full speed with valid low-clock operations and duplicates:
                the honest p95 with the flood as a ratio to without it.
+
+  scale        --nodes daemons (50 for the figures), each knowing only the first (discovery connects the rest),
+               each with `[retrieval] model = "network"`. A burst of --burst operations (10 independent causal
+               streams) is submitted at once through 10 nodes, one JSON-RPC batch each. Ingest: first submit to the last
+               submit returned (the baseline: each origin holds its share durably). Propagation: last submit
+               returned until all state roots agree (target < 2 s). Per node that did not originate them:
+               operations and bytes received (gossip + sync) per operation it lacked, as a ratio to the minimum
+               of 1 (target <= 2); and RSS per daemon.
 
 Every process runs on this machine: K daemons and the driver share its cores.
 """
@@ -40,14 +49,17 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import websockets.exceptions
 import websockets.sync.client
 
 from bench.bench_index import percentile
 from bench.workload import SUBJECTS, operations
+from ledger.cid import CID
 from ledger.ledger import Ledger
 from ledger.params import NetworkParams
 from node.home import Home
@@ -360,6 +372,130 @@ SUBMIT_BATCH = 100  # submits per JSON-RPC batch in the batching measurement
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+# --- scale -------------------------------------------------------------------------------------------------
+
+SUBMITTERS = 10
+STARTS_AT_ONCE = 6  # daemons loading at once (each loads for seconds of CPU)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def read_bytes(pid: int) -> int:
+    """Bytes the process read by read(2) and friends: sockets and files (an upper bound on what it received)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextmanager
+def swarm(root: Path, count: int) -> Iterator[list[Daemon]]:
+    """`count` daemons that know only the first, started several at once; stopped when the block ends."""
+    nodes: list[Daemon] = []
+    try:
+        nodes.append(start(node_home(root, "n0", None, [])))
+        genesis, bootstrap = nodes[0].home / "network.json", [addr(nodes[0])]
+        with ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
+            homes = list(pool.map(lambda i: node_home(root, f"n{i}", genesis, bootstrap), range(1, count)))
+            futures = [pool.submit(start, home, timeout=300) for home in homes]
+            for future in futures:
+                nodes.append(future.result())
+        yield nodes
+    finally:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda node: node.stop(), nodes))
+
+
+def on_all(nodes: list[Daemon], method: str) -> list[Any]:
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda node: node.call(method), nodes))
+
+
+def bench_scale(count: int, burst: int) -> None:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        began = time.monotonic()
+        with swarm(root, count) as nodes:
+            progress(f"{count} daemons started in {time.monotonic() - began:.0f} s; waiting for discovery ...")
+            wanted = min(6, count - 1)
+            while (peers := [s["p2p"]["sync"]["peers"] for s in on_all(nodes, "status")]) and min(peers) < wanted:
+                if time.monotonic() - began > 600:
+                    raise RuntimeError(f"discovery: after 600 s the fewest peers of a node is {min(peers)}")
+                time.sleep(1.0)
+            connected_after = time.monotonic() - began
+            progress(f"every node holds >= {wanted} peers ({connected_after:.0f} s after the first start)")
+            params = NetworkParams.from_file(nodes[0].home / "network.json")
+            streams = [[b.data for b in operations(burst // SUBMITTERS, params, seed=seed)] for seed in range(1, 11)]
+            sizes = {CID.for_block(op).raw: len(op) for stream in streams for op in stream}
+            origins = nodes[:: max(1, count // SUBMITTERS)][:SUBMITTERS]
+            before = {node.process.pid: read_bytes(node.process.pid) for node in nodes}
+            counters_before = [s["p2p"]["counters"] for s in on_all(nodes, "status")]
+
+            def submit(pair: tuple[Daemon, list[bytes]]) -> float:
+                node, ops = pair
+                body = [
+                    {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op.hex()}}
+                    for i, op in enumerate(ops)
+                ]
+                answers = node.http.post(node.url, json=body, timeout=300).json()
+                assert all("error" not in answer for answer in answers), answers
+                return time.monotonic()
+
+            first = time.monotonic()
+            with ThreadPoolExecutor(SUBMITTERS) as pool:
+                last = max(pool.map(submit, zip(origins, streams, strict=True)))
+            while True:
+                roots = {(r["state_root"], r["log_size"]) for r in on_all(nodes, "state_root")}
+                if len(roots) == 1 and next(iter(roots))[1] == len(sizes):
+                    agreed = time.monotonic()
+                    break
+                if time.monotonic() - last > 300:
+                    raise RuntimeError(f"the roots did not agree within 300 s: {len(roots)} distinct")
+                time.sleep(0.05)
+            statuses = on_all(nodes, "status")
+            received, volume, reads = [], [], []
+            minimum = sum(sizes.values())
+            for node, status, old in zip(nodes, statuses, counters_before, strict=True):
+                new = status["p2p"]["counters"]
+                if node in origins:
+                    continue
+                ops = new["gossip_operations_received"] - old["gossip_operations_received"]
+                ops += new["sync_fetched"] - old["sync_fetched"]
+                got = new["gossip_bytes_received"] - old["gossip_bytes_received"]
+                got += new["sync_bytes_received"] - old["sync_bytes_received"]
+                received.append(ops / len(sizes))
+                volume.append(got / minimum)
+                reads.append((read_bytes(node.process.pid) - before[node.process.pid]) / minimum)
+            rss = sorted(rss_mb(node.process.pid) for node in nodes)
+            peers = sorted(s["p2p"]["sync"]["peers"] for s in statuses)
+            fetched = sum(s["p2p"]["sync"]["fetched"] for s in statuses)
+            load = os.getloadavg()
+    print(f"\n## scale: {count} daemons that know only the first, a burst of {len(sizes):,} operations via 10\n")
+    print(f"discovery: every node held >= {wanted} peers {connected_after:.0f} s after the first start;")
+    print(f"peers per node after the burst: min {peers[0]}, median {peers[len(peers) // 2]}, max {peers[-1]}\n")
+    print("| ingest (first submit to last returned; baseline) | propagation (last returned to all roots equal) |")
+    print("| --- | --- |")
+    print(f"| {last - first:.2f} s | **{agreed - last:.2f} s** ({(agreed - last) / (last - first):.2f}x ingest) |")
+    print("\nper node that originated nothing, per operation it lacked (minimum 1):\n")
+    print("| | median | max |")
+    print("| --- | --- | --- |")
+    for label, values in (
+        ("operations received (gossip + sync)", received),
+        ("payload bytes received / minimum", volume),
+        ("bytes read(2) by the process / minimum (sockets and files: an upper bound)", reads),
+    ):
+        values = sorted(values)
+        print(f"| {label} | {values[len(values) // 2]:.2f} | {values[-1]:.2f} |")
+    print(f"\noperations fetched by sync over all nodes: {fetched:,}")
+    print(f"RSS per daemon: median {rss[len(rss) // 2]:.0f} MB, max {rss[-1]:.0f} MB, total {sum(rss) / 1024:.1f} GB")
+    print(f"load average during the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catch-up", type=int, default=10_000, dest="catch_up")
@@ -367,9 +503,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="10,100")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batching", type=int, default=3000, help="operations for the batching measurement")
-    parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue"], action="append")
+    parser.add_argument("--burst", type=int, default=1000, help="operations in the scale measurement's burst")
+    parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue", "scale"], action="append")
     args = parser.parse_args(argv)
-    wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue"])
+    wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue", "scale"])
     rates = [int(rate) for rate in args.rates.split(",")]
     if "catch-up" in wanted:
         bench_catch_up(args.catch_up)
@@ -379,6 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         bench_batching(args.batching)
     if "rogue" in wanted:
         bench_rogue(args.nodes, rates[0], args.seconds)
+    if "scale" in wanted:
+        bench_scale(args.nodes, args.burst)
     return 0
 
 

@@ -11,10 +11,11 @@ told of others in a small network; the Kademlia DHT's random walk connects as a 
 degree and adds its own background tasks and routing traffic to every node; mDNS cannot be confined to loopback.
 
 The address book is bounded (MAX_KNOWN) and scored by failed dials: a peer that failed is redialled with a
-backoff, and the worst is forgotten first. While a node has fewer than TARGET_PEERS connections it asks a peer for
-its peers and dials the ones it is not connected to; it exchanges once with every new connection (so both sides
-learn each other's listen addresses); above MAX_PEERS it closes the newest surplus connections that are older than
-TRIM_GRACE. A node whose every peer died redials its bootstrap peers (p2p/service.py) and everyone in its book.
+backoff, and the worst is forgotten first. While a node has fewer connections than its target (`[p2p] peers`) it
+asks a peer for its peers and dials the ones it is not connected to; it exchanges once with every new connection
+(so both sides learn each other's listen addresses); above SURPLUS times the target it closes the newest surplus
+connections that are older than TRIM_GRACE. A node whose every peer died redials its bootstrap peers
+(p2p/service.py) and everyone in its book.
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from p2p.sync import FrameReader, SyncError, frame
 log = logging.getLogger(__name__)
 
 PEERS_PROTOCOL = TProtocol("/expledger/peers/1")
-TARGET_PEERS = 8  # connections a node dials up to (GossipSub's mesh degree is 6: a mesh needs a few more)
-MAX_PEERS = 24  # above this, the newest connections are closed
+TARGET_PEERS = 8  # connections a node dials up to, by default (GossipSub's mesh degree is 6: it needs a few more)
+SURPLUS = 3  # above SURPLUS x the target, the newest connections are closed
 MAX_KNOWN = 256  # peers in the address book
 MAX_SHARED = 32  # peers in one answer
 MAX_ADDRS = 4  # addresses per peer
@@ -142,9 +143,12 @@ class Discovery:
         refused: Callable[[ID], bool],
         dial: Callable[[str], Awaitable[ID]],
         since: Callable[[ID], float | None],
+        target: int = TARGET_PEERS,
     ) -> None:
-        """`refused(peer)`: banned; `dial(addr)` connects; `since(peer)`: wall-clock second it connected."""
+        """`refused(peer)`: banned; `dial(addr)` connects; `since(peer)`: wall-clock second it connected;
+        `target`: the connections to keep (0: `run` is not started; exchanges are still answered)."""
         self.host = host
+        self.target = target
         self.book = AddressBook(host.get_id())
         self._own_addrs = own_addrs
         self._refused = refused
@@ -230,11 +234,11 @@ class Discovery:
                 for peer in connected:
                     if peer not in self._exchanged:
                         nursery.start_soon(self.exchange, peer)
-            if len(connected) < TARGET_PEERS:
+            if len(connected) < self.target:
                 await self._grow(connected)
-            elif len(connected) > MAX_PEERS:
+            elif len(connected) > SURPLUS * self.target:
                 await self._trim(connected)
-            await trio.sleep(INTERVAL_BELOW if len(connected) < TARGET_PEERS else INTERVAL_AT)
+            await trio.sleep(INTERVAL_BELOW if len(connected) < self.target else INTERVAL_AT)
 
     async def _grow(self, connected: list[ID]) -> None:
         if connected:  # ask one more peer than those just met: a node that knows one peer learns of its peers
@@ -243,7 +247,7 @@ class Discovery:
         choice = [peer for peer in self.book.candidates(exclude) if not self._refused(peer)]
         random.shuffle(choice)
         async with trio.open_nursery() as nursery:
-            for peer in choice[: TARGET_PEERS - len(connected)]:
+            for peer in choice[: self.target - len(connected)]:
                 nursery.start_soon(self._dial, peer)
 
     async def _trim(self, connected: list[ID]) -> None:
@@ -252,9 +256,9 @@ class Discovery:
         settled = time.time() - TRIM_GRACE
         ages = {peer: self._since(peer) for peer in connected}
         closable = sorted((since, str(peer), peer) for peer, since in ages.items() if since and since < settled)
-        surplus = closable[-(len(connected) - TARGET_PEERS) :]
+        surplus = closable[-(len(connected) - self.target) :]
         for _, _, peer in surplus:
-            log.info("closing the connection to %s: %d peers connected, %d wanted", peer, len(connected), TARGET_PEERS)
+            log.info("closing the connection to %s: %d peers connected, %d wanted", peer, len(connected), self.target)
             await self.host.disconnect(peer)
 
 

@@ -116,6 +116,8 @@ class Want:
 @dataclass
 class Counters:
     gossip_received: int = 0
+    gossip_operations_received: int = 0  # operations in the messages received (duplicates of stored ones included)
+    gossip_bytes_received: int = 0
     gossip_rejected: int = 0
     gossip_dropped: int = 0  # our queue or the node's ingest queue was full
     gossip_throttled: int = 0  # its origin had used up its allowance of operations
@@ -124,6 +126,7 @@ class Counters:
     sync_rounds: int = 0  # reconciliations completed
     sync_fetched: int = 0  # operations received by sync (each missing one is fetched from one peer)
     sync_duplicates: int = 0  # of those, ones this node held or had queued by the time they arrived
+    sync_bytes_received: int = 0  # of the operations fetched
     sync_served: int = 0
     forks: int = 0
 
@@ -168,6 +171,7 @@ class P2PNode:
         states: LogStates,
         gossip_batch: int = gossip.MAX_BATCH_OPS,
         allowance: gossip.Allowance | None = None,
+        target_peers: int = TARGET_PEERS,
     ) -> None:
         self.listen = [Multiaddr(addr) for addr in listen]
         self.bootstrap = list(bootstrap)
@@ -201,7 +205,9 @@ class P2PNode:
         self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
         self._nursery: trio.Nursery | None = None
         serve(self.host, ledger.view, ledger.read, self._served, self.index)
-        self.discovery = Discovery(self.host, lambda: self.addrs, self._refused, self.connect, self._connected_since)
+        self.discovery = Discovery(
+            self.host, lambda: self.addrs, self._refused, self.connect, self._connected_since, target_peers
+        )
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -218,7 +224,8 @@ class P2PNode:
                 nursery.start_soon(self._ping_peers)
                 nursery.start_soon(self._sweep_orphans)
                 nursery.start_soon(self._fetch_wanted)
-                nursery.start_soon(self.discovery.run)
+                if self.discovery.target:
+                    nursery.start_soon(self.discovery.run)
                 for addr in self.bootstrap:
                     nursery.start_soon(self._keep_connected, addr)
                 self.addrs = full_addrs(self.host)
@@ -315,6 +322,11 @@ class P2PNode:
             "sync": self.sync_status(),
             "counters": vars(self.counters),
             "orphans": {"waiting": len(self.orphans), "evicted": self.orphans.evicted, "expired": self.orphans.expired},
+            "discovery": {
+                "target": self.discovery.target,
+                "known": len(self.discovery.book.known),
+                "exchanges": self.discovery.exchanges,
+            },
         }
 
     # --- gossip ----------------------------------------------------------------------------------
@@ -371,6 +383,8 @@ class P2PNode:
     async def _deliver_gossip(self, origin: ID, data: bytes) -> None:
         try:
             batch = GossipBatch.decode(data)  # the validator accepted it
+            self.counters.gossip_operations_received += len(batch.ops)
+            self.counters.gossip_bytes_received += len(data)
             forwarder = self._forwarders.get(_digest(data))
             peer = self.peers.get(forwarder) if forwarder is not None else None
             if peer is not None:
@@ -544,11 +558,13 @@ class P2PNode:
                 state.head = head
                 self.states.save(state)
             peer.head_size = max(head.size, state.head.size if state.head else 0)
-            view = self.ledger.view()
-            await self.index.follow(view, self.ledger.read)
-            found = await differences(self.host, peer.id, self.index)
-            self.counters.sync_rounds += 1
-            peer.missing = self._want(found, peer.id, view)
+            if head.size != peer.settled_size:  # its log is its set: the same size holds nothing new
+                view = self.ledger.view()
+                await self.index.follow(view, self.ledger.read)
+                found = await differences(self.host, peer.id, self.index)
+                self.counters.sync_rounds += 1
+                peer.missing = self._want(found, peer.id, view)
+                peer.settled_size = -1 if peer.missing else head.size
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
@@ -664,6 +680,7 @@ class P2PNode:
         arrived = {CID.for_block(data).raw for data in blocks}
         view = self.ledger.view()
         self.counters.sync_fetched += len(blocks)
+        self.counters.sync_bytes_received += sum(len(data) for data in blocks)
         self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
         self.peer(peer_id).fetched += len(blocks)
         for cid in cids:
@@ -717,7 +734,7 @@ class P2PNode:
                     continue
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
-                    peer.connected_since, peer.last_sync = time.time(), 0.0
+                    peer.connected_since, peer.last_sync, peer.settled_size = time.time(), 0.0, -1
                     self.discovery.connected(peer.id)
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
@@ -734,9 +751,9 @@ class P2PNode:
                 peer.scope = None
 
     async def _keep_connected(self, addr: str) -> None:
-        """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer than
-        TARGET_PEERS peers, backing off while it is unreachable. (Not always: a bootstrap node that closes surplus
-        connections would be redialled by everyone it let go.)"""
+        """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer peers than
+        discovery's target (always without discovery), backing off while it is unreachable. (Not always: a
+        bootstrap node that closes surplus connections would be redialled by everyone it let go.)"""
         peer_id, _ = parse_peer_addr(addr)
         if peer_id == self.id:
             return
@@ -745,7 +762,8 @@ class P2PNode:
         backoff = 1.0
         while True:
             peer = self.peer(peer_id)
-            enough = len(self.host.get_connected_peers()) >= TARGET_PEERS
+            target = self.discovery.target
+            enough = target > 0 and len(self.host.get_connected_peers()) >= target
             if self.is_connected(peer_id) or peer.banned or enough:
                 await trio.sleep(1.0)
                 continue

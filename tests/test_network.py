@@ -6,9 +6,11 @@ polling RPC state against a deadline, never by a fixed sleep; every daemon is st
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -66,24 +68,36 @@ class Network:
         self.genesis: Path | None = None
         self.nodes: dict[str, Daemon] = {}
 
-    def home(self, name: str, bootstrap: tuple[str, ...] = ()) -> Path:
+    def home(self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None) -> Path:
+        """`peers`: its [p2p] peers (0: no discovery; None: the default)."""
         home = self.root / name
         init_home(home, network=self.genesis, p2p=P2P)
         if self.genesis is None:
             self.genesis = home / "network.json"
         config = home / "config.toml"
         listed = ", ".join(f'"{addr}"' for addr in bootstrap)
-        config.write_text(config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]"))
+        text = config.read_text().replace("bootstrap = []", f"bootstrap = [{listed}]")
+        if peers is not None:
+            text = re.sub(r"(?m)^peers = \d+", f"peers = {peers}", text)
+        config.write_text(text)
         return home
 
-    def start(self, name: str, bootstrap: tuple[str, ...] = ()) -> Daemon:
+    def start(self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None) -> Daemon:
         home = self.root / name
         if not home.exists():
-            self.home(name, bootstrap)
+            self.home(name, bootstrap, peers)
         daemon = start(home)
         self.stack.callback(daemon.stop)
         self.nodes[name] = daemon
         return daemon
+
+    def start_many(self, names: list[str], bootstrap: tuple[str, ...] = ()) -> list[Daemon]:
+        """Start several daemons at once (each start mostly waits for its process to load): in `names` order."""
+        for name in names:
+            self.home(name, bootstrap)
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:
+            futures = [pool.submit(self.start, name) for name in names]
+            return [future.result() for future in futures]
 
     def stop(self, name: str) -> None:
         assert self.nodes.pop(name).stop() == 0
@@ -200,11 +214,11 @@ def test_a_burst_through_a_line_arrives_whole(tmp_path):
 
 
 def test_partitioned_halves_heal_and_the_conflict_rules_hold(tmp_path):
-    with network(tmp_path) as net:
-        a = net.start("a")
-        b = net.start("b", (addr(a),))
-        c = net.start("c")
-        d = net.start("d", (addr(c),))
+    with network(tmp_path) as net:  # without discovery: a, b, c, d would find each other again
+        a = net.start("a", peers=0)
+        b = net.start("b", (addr(a),), peers=0)
+        c = net.start("c", peers=0)
+        d = net.start("d", (addr(c),), peers=0)
         everyone = [a, b, c, d]
         b.call("peers.connect", {"addr": addr(c)})  # the bridge: not a bootstrap peer, so never redialled
         doomed = add(a, "When a triangle's angles are given, check that they sum to a straight angle.")
@@ -281,3 +295,42 @@ def test_a_peer_that_rewrites_its_log_is_detected_and_refused(tmp_path):
         assert (earlier.size, earlier.root.hex()) == (old_head["size"], old_head["root"])
         assert later.size == 3
         assert state(a)[1] == 2  # nothing of the rewritten log was taken
+
+
+def peer_count(node: Daemon) -> int:
+    return node.call("status")["p2p"]["sync"]["peers"]
+
+
+def test_ten_nodes_that_know_only_the_first_find_each_other_and_outlive_it(tmp_path):
+    """Discovery: every node's [p2p] bootstrap names node 1 alone, yet each comes to hold 4 peers or more, and
+    stopping node 1 partitions no one: an operation submitted to node 5 reaches the other eight."""
+    with network(tmp_path) as net:
+        first = net.start("n1")
+        others = net.start_many([f"n{index}" for index in range(2, 11)], (addr(first),))
+        for node in [first, *others]:
+            wait_until(lambda node=node: peer_count(node) >= 4, f"{node.home.name} holding 4 peers")
+        net.stop("n1")
+        fifth = others[3]
+        add(fifth, DISTINCT[0], "math.mixed")
+        wait_until(lambda: converged(others, 1), "the operation on the nine left, with equal state roots")
+
+
+def test_twenty_nodes_converge_after_a_burst_spread_over_five(tmp_path):
+    """20 daemons that know only the first: 200 operations submitted at once through five of them reach all,
+    with equal state roots, and every node then says "in sync"."""
+    with network(tmp_path) as net:
+        first = net.start("n1")
+        nodes = [first, *net.start_many([f"n{index}" for index in range(2, 21)], (addr(first),))]
+        for node in nodes:
+            wait_until(lambda node=node: peer_count(node) >= 6, f"{node.home.name} holding 6 peers", timeout=120)
+        params = NetworkParams.from_json((first.home / "network.json").read_text())
+        blocks = [block.data for block in operations(200, params)]
+        for index, node in enumerate(nodes[::4]):
+            batch = [
+                {"jsonrpc": "2.0", "id": n, "method": "submit", "params": {"op": op.hex()}}
+                for n, op in enumerate(blocks[index::5])
+            ]
+            assert all("result" in answer for answer in node.http.post(node.url, json=batch).json())
+        wait_until(lambda: converged(nodes, 200), "equal state roots on all 20", timeout=180)
+        for node in nodes:
+            wait_until(lambda node=node: node.call("status")["p2p"]["sync"]["state"] == "in sync", "in sync")
