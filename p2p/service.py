@@ -56,11 +56,10 @@ from p2p.sync import (
     LogStates,
     Misbehaviour,
     SyncError,
-    check_head,
     differences,
     fetch_blocks,
-    read_head,
     serve,
+    verify_head,
 )
 
 log = logging.getLogger(__name__)
@@ -549,15 +548,8 @@ class P2PNode:
         peer, by `_fetch_wanted`), then fetch what orphans from it and pending operations still miss."""
         peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
         try:
-            head = await read_head(self.host, peer.id)
-            if head.node in self.states.refused:
-                raise ForkDetected(f"{head.node} has forked before; it is refused", {"node": head.node})
-            state = self.states.get(head.node)
-            peer.node = head.node
-            if await check_head(self.host, peer.id, state, head):
-                state.head = head
-                self.states.save(state)
-            peer.head_size = max(head.size, state.head.size if state.head else 0)
+            head = await verify_head(self.host, peer.id, self.states)
+            peer.node, peer.head_size = head.node, head.size
             if head.size != peer.settled_size:  # its log is its set: the same size holds nothing new
                 view = self.ledger.view()
                 await self.index.follow(view, self.ledger.read)

@@ -1,20 +1,25 @@
-"""The sync protocol `/expledger/sync/1`: a node catches up by reading other nodes' Merkle logs, verifiably.
+"""The sync protocol `/expledger/sync/1`: a node learns what a peer holds that it lacks, fetches exactly that, and
+checks that the peer never rewrites its history.
 
-Every node's log holds every operation it stores, so reading a peer's log delivers everything that peer has,
-including what it got from others (sync is transitive). One request per stream, answered by a stream of frames
-(4-byte big-endian length + payload), then end of stream. Requests are DAG-CBOR maps:
+One request per stream, answered by a stream of frames (4-byte big-endian length + payload), then end of stream.
+Requests are DAG-CBOR maps:
 
     {"get": "head"}                                      -> the peer's signed tree head
     {"get": "consistency", "old": m, "new": n}           -> {"proof": [hash, ...]} (RFC 9162 §2.1.4)
+    {"get": "sums", "level": l, "prefixes": [p, ...]}    -> {"sums": [[count, sum], ...]}: the fingerprints of the
+                                                            16 sub-ranges of each range (p2p/reconcile.py)
+    {"get": "list", "level": l, "prefixes": [p, ...]}    -> [clock, cid] of each operation it holds in those
+                                                            ranges, one per frame
+    {"get": "blocks", "cids": [cid bytes, ...]}          -> the operations it holds among those, one per frame
     {"get": "entries", "from": a, "to": b, "size": n}    -> the operations at log positions [a, b), one per
                                                             frame, then {"proof": [...]}: consistency from b to n
-    {"get": "blocks", "cids": [cid bytes, ...]}          -> the operations it holds among those, one per frame
+                                                            (for whoever audits a whole log; sync does not read it)
 
-The reader keeps, per node whose log it reads (`LogState`): the last head it verified, how far it has read,
-and the Merkle frontier of what it read. A page is accepted only if its operations, appended to the frontier,
-give a root that the peer's signed head proves to be a prefix of its log; so nothing a peer sends is taken on
-trust, and a node that signs a head inconsistent with one it signed before has rewritten its history: both
-heads are kept as evidence and the node is refused (`ForkDetected`).
+A round (p2p/service.py) asks for the head and checks it against the last head of the same node this node
+verified (`verify_head`: a consistency proof, O(log N)); a node that signs a head inconsistent with one it signed
+before has rewritten its history: both heads are kept as evidence and the node is refused (`ForkDetected`). Then
+`differences` compares fingerprints and lists what differs, and `fetch_blocks` fetches operations by CID, each
+checked to be one that was asked for; ingest then verifies each as it verifies any operation.
 
 Reading is chunked: in 0.8.1 `NetStream.read(n)` returns what yamux has buffered (at most n, at least one byte;
 `StreamEOF` at the end), and every read costs ~30 µs, so frames are cut out of 256 KiB reads; writes are batched
@@ -42,11 +47,10 @@ from libp2p.peer.id import ID
 from ledger import codec
 from ledger.cid import CID
 from ledger.errors import LedgerError
-from ledger.merkle import Frontier, TreeHead, leaf_hash
+from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
 from ledger.store import write_file_atomically
 from ledger.view import LedgerView
-from p2p.peers import Peer
 from p2p.reconcile import (
     LEAF_BITS,
     LEVELS,
@@ -70,7 +74,6 @@ HEADER = struct.Struct(">I")
 MAX_FRAME = 4 * 1024 * 1024  # above any operation a network allows (1 MiB) and any proof
 MAX_REQUEST = 64 * 1024
 MAX_ENTRIES = 2000  # per entries request
-PAGE = 1000  # entries a reader asks for at once
 MAX_BLOCKS = 256  # per blocks request
 MAX_PROOF = 64  # hashes in a consistency proof of a log below 2**63
 READ_CHUNK = 256 * 1024
@@ -261,10 +264,12 @@ def serve(
     view: Callable[[], LedgerView],
     read: Callable[..., Awaitable[Any]],
     served: Callable[[ID, str], None],
-    index: SetIndex,
+    index: SetIndex | None = None,
 ) -> None:
     """Answer sync requests on `host`. The handler never raises (an exception escaping a stream handler reaches
-    libp2p's connection nursery and can end the process): a bad request or a failed exchange resets the stream."""
+    libp2p's connection nursery and can end the process): a bad request or a failed exchange resets the stream.
+    `index`: the fingerprints of what `view` holds (kept by the caller, who reconciles with it too)."""
+    fingerprints = index or SetIndex()
 
     async def handler(stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id  # authenticated by Noise
@@ -273,7 +278,7 @@ def serve(
             if data is None:
                 raise SyncError("sync.request", "the stream ended before a request")
             writer = FrameWriter(stream)
-            async for payload in answer(view(), data, read, index):
+            async for payload in answer(view(), data, read, fingerprints):
                 await writer.send(payload)
             await writer.flush()
             await stream.close()
@@ -340,32 +345,19 @@ def _proof(payload: bytes) -> list[bytes]:
 
 @dataclass
 class LogState:
-    """How much of one node's log this node has read and verified."""
+    """The newest head of one node this node verified (each next one must prove it extends it)."""
 
     node: str
-    head: TreeHead | None = None  # the newest head of that node verified consistent with what was read
-    frontier: Frontier | None = None  # of the entries read, [0, position)
-
-    @property
-    def position(self) -> int:
-        return self.frontier.size if self.frontier else 0
+    head: TreeHead | None = None
 
     def encode(self) -> bytes:
-        frontier = self.frontier or Frontier()
-        return codec.encode(
-            {
-                "node": self.node,
-                "head": self.head.to_bytes() if self.head else None,
-                "position": frontier.size,
-                "frontier": frontier.subtrees,
-            }
-        )
+        return codec.encode({"node": self.node, "head": self.head.to_bytes() if self.head else None})
 
     @classmethod
     def decode(cls, data: bytes) -> LogState:
+        """Also reads the files of earlier versions, which kept a read position beside the head."""
         record = codec.decode(data)
-        head = TreeHead.from_bytes(record["head"]) if record["head"] is not None else None
-        return cls(record["node"], head, Frontier(record["position"], record["frontier"]))
+        return cls(record["node"], TreeHead.from_bytes(record["head"]) if record["head"] is not None else None)
 
 
 class LogStates:
@@ -396,7 +388,7 @@ class LogStates:
                 try:
                     state = LogState.decode(path.read_bytes())
                 except (LedgerError, KeyError, TypeError, OSError) as exc:
-                    log.warning("%s: unreadable read position (%s); reading %s's log from the start", path, exc, node)
+                    log.warning("%s: unreadable verified head (%s); trusting %s's next head afresh", path, exc, node)
             self._states[node] = state
         return self._states[node]
 
@@ -410,10 +402,6 @@ class LogStates:
         path = self.forks / f"{self._name(node)[:-5]}-{int(time.time() * 1000)}.cbor"
         write_file_atomically(path, codec.encode(fork.evidence))
         return path
-
-
-#: hands verified operations to the node; returns how many of them the ledger rejected
-Deliver = Callable[[list[bytes]], Awaitable[int]]
 
 
 async def read_head(host: IHost, peer: ID) -> TreeHead:
@@ -461,45 +449,18 @@ async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> 
     return head.size > old.size
 
 
-async def read_log(host: IHost, peer: ID, states: LogStates, deliver: Deliver, progress: Peer, page: int = PAGE) -> int:
-    """Read `peer`'s log from where we stopped to its current head, verifying every page; returns the number of
-    entries read; `progress` (the peer's record) shows how far it got. The read position is saved after each page
-    is durable in our ledger, so a crash re-reads at most a page (duplicates are ignored cheaply)."""
+async def verify_head(host: IHost, peer: ID, states: LogStates) -> TreeHead:
+    """The peer's signed head, checked against the last head of its node we verified (kept when newer): O(log N)
+    per head, which is what keeps a node from rewriting its history unseen. Raises ForkDetected for a node that
+    has (or that forked before), Misbehaviour for a head no honest node sends."""
     head = await read_head(host, peer)
     if head.node in states.refused:
         raise ForkDetected(f"{head.node} has forked before; it is refused", {"node": head.node, "peer": str(peer)})
     state = states.get(head.node)
-    progress.node, progress.head_size, progress.read_position = head.node, head.size, state.position
-    if not await check_head(host, peer, state, head):
-        return 0
-    state.head = head
-    states.save(state)
-    frontier = state.frontier or Frontier()
-    read = 0
-    while frontier.size < head.size:
-        start, end = frontier.size, min(frontier.size + page, head.size)
-        frames = await ask(host, peer, {"get": "entries", "from": start, "to": end, "size": head.size}, end - start + 1)
-        if len(frames) != end - start + 1:
-            raise Misbehaviour(
-                "sync.entries", f"entries [{start}, {end}): expected {end - start} operations and a proof"
-            )
-        ops, proof = frames[:-1], _proof(frames[-1])
-        extended = frontier.copy()
-        for op in ops:
-            extended.append(leaf_hash(CID.for_block(op).raw))
-        root = extended.root()
-        proven = root == head.root if end == head.size else verify_consistency(end, head.size, root, head.root, proof)
-        if not proven:
-            raise Misbehaviour("sync.entries.proof", f"entries [{start}, {end}) are not a prefix of the signed log")
-        rejected = await deliver(ops)
-        if rejected:  # a log holds only operations its node validated
-            raise Misbehaviour("sync.entries.invalid", f"entries [{start}, {end}): {rejected} invalid operations")
-        frontier = extended
-        state.frontier = frontier
+    if await check_head(host, peer, state, head):
+        state.head = head
         states.save(state)
-        read += len(ops)
-        progress.read_position = frontier.size
-    return read
+    return head
 
 
 async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes]:

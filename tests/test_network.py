@@ -23,11 +23,13 @@ from ledger.ledger import Ledger
 from ledger.merkle import TreeHead
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
-from tests.daemons import Daemon, init_home, start
+from tests.daemons import START_TIMEOUT, Daemon, init_home, start
 from tests.factories import SEED_TEXTS
 
 P2P = "/ip4/127.0.0.1/tcp/0"
 CONVERGE = 60.0  # seconds a network gets to converge (sync runs every 5 s; gossip takes milliseconds)
+STARTS_AT_ONCE = 3
+MANY_START_TIMEOUT = 240.0  # seconds a daemon started beside others gets to be ready (the cores are shared)
 
 
 #: experiences far from one another (near-duplicates would be absorbed, not listed)
@@ -82,21 +84,24 @@ class Network:
         config.write_text(text)
         return home
 
-    def start(self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None) -> Daemon:
+    def start(
+        self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None, timeout: float = START_TIMEOUT
+    ) -> Daemon:
         home = self.root / name
         if not home.exists():
             self.home(name, bootstrap, peers)
-        daemon = start(home)
+        daemon = start(home, timeout=timeout)
         self.stack.callback(daemon.stop)
         self.nodes[name] = daemon
         return daemon
 
     def start_many(self, names: list[str], bootstrap: tuple[str, ...] = ()) -> list[Daemon]:
-        """Start several daemons at once (each start mostly waits for its process to load): in `names` order."""
+        """Start several daemons, STARTS_AT_ONCE at a time (a start is seconds of CPU loading the process; more at
+        once only share the cores), in `names` order."""
         for name in names:
             self.home(name, bootstrap)
-        with ThreadPoolExecutor(max_workers=len(names)) as pool:
-            futures = [pool.submit(self.start, name) for name in names]
+        with ThreadPoolExecutor(max_workers=STARTS_AT_ONCE) as pool:
+            futures = [pool.submit(self.start, name, timeout=MANY_START_TIMEOUT) for name in names]
             return [future.result() for future in futures]
 
     def stop(self, name: str) -> None:

@@ -1,6 +1,6 @@
 """Real libp2p hosts on 127.0.0.1 in one trio run: only Noise gets in, and the sync protocol between a real ledger
-and a reader, including servers that lie (entries their signed head does not cover, bad heads, bad proofs) and
-nodes that sign two histories (fork evidence)."""
+and a reader: set reconciliation, servers that lie (bad heads, bad fingerprints, listings outside the ranges asked
+for) and nodes that sign two histories (fork evidence)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from ledger.cid import CID
 from ledger.ingest import Source, Submission, Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
-from ledger.merkle import Frontier, TreeHead, leaf_hash
+from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
 from p2p.gossip import build_pubsub, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
-from p2p.peers import Peer
+from p2p.reconcile import LEVELS, LIST_BELOW, MAX_PREFIXES, SetIndex
 from p2p.service import P2PNode, run_host
 from p2p.sync import (
     MAX_ENTRIES,
@@ -48,10 +48,11 @@ from p2p.sync import (
     Misbehaviour,
     SyncError,
     ask,
+    differences,
     fetch_blocks,
     frame,
-    read_log,
     serve,
+    verify_head,
 )
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
@@ -91,18 +92,6 @@ async def running(*hosts: IHost) -> AsyncIterator[None]:
 async def read(function: Callable[..., Any], *args: Any) -> Any:
     """Database reads off the event loop, as the node's reader threads do."""
     return await trio.to_thread.run_sync(partial(function, *args))
-
-
-def deliverer(ledger: Ledger, delivered: list[bytes] | None = None) -> Callable[[list[bytes]], Any]:
-    """The node's part of `read_log`: ingest a verified page; how many operations the ledger rejected."""
-
-    async def deliver(ops: list[bytes]) -> int:
-        if delivered is not None:
-            delivered.extend(ops)
-        receipts = await trio.to_thread.run_sync(ledger.ingest, ops)
-        return sum(1 for receipt in receipts if receipt.verdict is Verdict.REJECTED)
-
-    return deliver
 
 
 def ingest(ledger: Ledger, blocks: list) -> None:
@@ -261,6 +250,13 @@ BAD_EXCHANGES = {
     "consistency from 0": (frame(codec.encode({"get": "consistency", "old": 0, "new": 60})), "sync.request"),
     "consistency past the log": (frame(codec.encode({"get": "consistency", "old": 5, "new": 61})), "sync.request"),
     "a bad CID": (frame(codec.encode({"get": "blocks", "cids": [b"\x01\x02"]})), "sync.request"),
+    "sums below the leaves": (frame(codec.encode({"get": "sums", "level": 16, "prefixes": [0]})), "sync.request"),
+    "a range past its level": (frame(codec.encode({"get": "sums", "level": 4, "prefixes": [16]})), "sync.request"),
+    "a level between levels": (frame(codec.encode({"get": "list", "level": 6, "prefixes": [0]})), "sync.request"),
+    "too many ranges": (
+        frame(codec.encode({"get": "list", "level": 12, "prefixes": list(range(MAX_PREFIXES + 1))})),
+        "sync.request",
+    ),
     "no request": (b"", "sync.request"),
     "oversized length prefix": (b"\xff\xff\xff\xff" + b"x" * 100, "sync.frame.too_large"),
     "request over the limit": (frame(b"\x00" * (MAX_REQUEST + 1)), "sync.frame.too_large"),
@@ -295,31 +291,59 @@ def test_bad_requests_end_their_stream_and_nothing_else(source):
 # --- reading a log ----------------------------------------------------------------------------------
 
 
-def test_read_log_verifies_pages_into_a_second_ledger_and_resumes_where_it_stopped(tmp_path, source, target, history):
+def _reconcile(server_ledger: Ledger, client_ledger: Ledger) -> tuple[list[tuple[int, bytes]], list[str]]:
+    """What `differences` finds the server holds in the ranges that differ, and the requests the server served."""
     server, client = _noise_host(), _noise_host()
-    serve(server, source.view, read, lambda peer, outcome: None)
-    states = LogStates(tmp_path / "p2p")
-    progress = Peer(server.get_id())
+    served: list[str] = []
+    serve(server, server_ledger.view, read, lambda peer, outcome: served.append(outcome))
+    index = SetIndex()
+    index.catch_up(client_ledger.view())
 
-    async def main() -> list[int]:
-        counts = []
+    async def main() -> list[tuple[int, bytes]]:
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-                assert target.view().state_root() == source.view().state_root()
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-                await trio.to_thread.run_sync(ingest, source, history[60:])
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-        return counts
+                return await differences(client, peer, index)
 
-    assert trio.run(main) == [60, 0, 25]  # all, nothing new, only what was added since
-    assert target.view().state_root() == source.view().state_root()
-    assert target.view().log_size == 85
-    assert (progress.node, progress.head_size, progress.read_position) == (source.node_key.did, 85, 85)
-    saved = LogStates(tmp_path / "p2p").get(source.node_key.did)  # as after a restart
-    assert saved.position == 85 and saved.head is not None and saved.head.size == 85
-    assert saved.frontier is not None and saved.frontier.root() == source.view().merkle.root()
+    return trio.run(main), served
+
+
+@pytest.mark.parametrize("held", [0, 30, 84, 85])
+def test_reconciliation_lists_what_the_peer_holds_and_this_node_lacks(tmp_path, target, history, held):
+    source = open_ledger(tmp_path / "whole")
+    try:
+        ingest(source, history)
+        ingest(target, history[:held])
+        found, served = _reconcile(source, target)
+        lacking = {block.cid.raw for block in history[held:]}
+        assert {cid for _, cid in found if not target.view().has(CID(cid))} == lacking
+        assert all(source.view().clock(CID(cid)) == clock for clock, cid in found)  # each with its true clock
+        assert set(served) == {"ok"}
+        if held == len(history):
+            assert len(served) == 1 and found == []  # equal sets: one request of 16 fingerprints, nothing listed
+    finally:
+        source.close()
+
+
+def test_reconciliation_of_large_sets_lists_little_more_than_the_difference(tmp_path):
+    """2,000 operations on each side, a few on one side only: ranges are split down to where they differ, so
+    what is listed is a small multiple of the difference, not the set."""
+    rng = random.Random(7)
+    blocks = random_history(rng, 2000)
+    absent = set(rng.sample(range(len(blocks)), 5))
+    whole, partial = open_ledger(tmp_path / "whole"), open_ledger(tmp_path / "partial")
+    try:
+        ingest(whole, blocks)
+        ingest(partial, [block for number, block in enumerate(blocks) if number not in absent])  # some pending
+        found, served = _reconcile(whole, partial)
+        assert {cid for _, cid in found if not partial.view().has(CID(cid))} == {blocks[n].cid.raw for n in absent}
+        assert len(found) <= len(absent) * LIST_BELOW
+        assert len(served) <= 1 + len(LEVELS) + len(LEVELS)  # sums per level, then lists per level
+        found, _ = _reconcile(partial, whole)  # the other way: the partial side holds nothing the whole lacks
+        assert all(whole.view().has(CID(cid)) for _, cid in found)
+    finally:
+        whole.close()
+        partial.close()
 
 
 def lying_server(host: IHost, answer: Callable[[dict[str, Any]], list[bytes]]) -> None:
@@ -366,95 +390,71 @@ def _log_of_invalid() -> tuple[AuthorKey, list[bytes]]:
     return AuthorKey(b"\x42" * 32), [valid.data, forged]
 
 
-def _lies(source: Ledger, history: list) -> dict[str, tuple[Callable, str]]:
+def _lies(source: Ledger) -> dict[str, tuple[Callable, str]]:
     honest = honest_answer(source)
-    other = random_history(random.Random(99), 60)
-
-    def other_entries(request: dict[str, Any]) -> list[bytes]:
-        if request["get"] != "entries":
-            return honest(request)
-        frames = honest(request)
-        return [block.data for block in other[request["from"] : request["to"]]] + frames[-1:]
-
-    def swapped_entries(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        if request["get"] == "entries" and len(frames) > 2:
-            frames[0], frames[1] = frames[1], frames[0]  # the right operations, in another order
-        return frames
 
     def bad_signature(request: dict[str, Any]) -> list[bytes]:
         head = source.view().tree_head()
         return [TreeHead(head.size, head.root, head.timestamp, head.node, _flip(head.signature)).to_bytes()]
 
-    def extra_frame(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return [*frames[:-1], history[0].data, frames[-1]] if request["get"] == "entries" else frames
+    def with_sums(make: Callable[[dict[str, Any]], list[bytes]]) -> Callable[[dict[str, Any]], list[bytes]]:
+        def answer(request: dict[str, Any]) -> list[bytes]:
+            return make(request) if request["get"] in ("sums", "list") else honest(request)
 
-    def short_page(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return frames[1:] if request["get"] == "entries" else frames
+        return answer
 
-    def garbage_proof(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return [*frames[:-1], codec.encode({"proof": [b"short"]})] if request["get"] == "entries" else frames
+    outside = next(block.cid.raw for block in random_history(random.Random(3), 5) if block.cid.raw[4] >= 0x80)
 
-    rogue_key, rogue_log = _log_of_invalid()
-    rogue_frontier = Frontier()
-    for op in rogue_log:
-        rogue_frontier.append(leaf_hash(CID.for_block(op).raw))
-
-    def invalid_operation(request: dict[str, Any]) -> list[bytes]:
-        if request["get"] == "head":
-            return [TreeHead.sign(len(rogue_log), rogue_frontier.root(), rogue_key).to_bytes()]
-        return [*rogue_log[request["from"] : request["to"]], codec.encode({"proof": []})]
+    def listing(request: dict[str, Any]) -> list[bytes]:
+        if request["get"] == "sums":  # the first range differs and holds one operation: it is listed
+            return [codec.encode({"sums": [[1, b"\x01" * 32]] + [[0, bytes(32)]] * 15})]
+        return [codec.encode([1, outside])]
 
     return {
-        "entries of another log": (other_entries, "sync.entries.proof"),
-        "its entries out of order": (swapped_entries, "sync.entries.proof"),
         "a head with a bad signature": (bad_signature, "sync.head.signature"),
         "a head that is not a head": (lambda request: [b"\xa1\x61x\x01"], "sync.head"),
         "no head": (lambda request: [], "sync.head"),
-        "an extra frame": (extra_frame, "sync.response.count"),
-        "a short page": (short_page, "sync.entries"),
-        "a proof that is not one": (garbage_proof, "sync.proof"),
-        "an invalid operation in its signed log": (invalid_operation, "sync.entries.invalid"),
+        "two heads": (lambda request: honest(request) * 2, "sync.response.count"),
+        "fingerprints of the wrong number": (
+            with_sums(lambda request: [codec.encode({"sums": [[0, bytes(32)]] * 3})]),
+            "sync.sums",
+        ),
+        "a fingerprint that is not one": (
+            with_sums(lambda request: [codec.encode({"sums": [[0, b"short"]] * 16})]),
+            "sync.sums",
+        ),
+        "a listed CID outside the ranges asked for": (with_sums(listing), "sync.list"),
     }
 
 
 LIES = [
-    "entries of another log",
-    "its entries out of order",
     "a head with a bad signature",
     "a head that is not a head",
     "no head",
-    "an extra frame",
-    "a short page",
-    "a proof that is not one",
-    "an invalid operation in its signed log",
+    "two heads",
+    "fingerprints of the wrong number",
+    "a fingerprint that is not one",
+    "a listed CID outside the ranges asked for",
 ]
 
 
 @pytest.mark.parametrize("lie", LIES)
-def test_a_server_that_lies_is_caught_before_anything_it_sent_is_trusted(tmp_path, source, target, history, lie):
-    answer, code = _lies(source, history)[lie]
+def test_a_server_that_lies_is_caught_before_anything_it_sent_is_trusted(tmp_path, source, lie):
+    answer, code = _lies(source)[lie]
     server, client = _noise_host(), _noise_host()
     lying_server(server, answer)
     states = LogStates(tmp_path / "p2p")
-    delivered: list[bytes] = []
 
     async def main() -> None:
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
                 with pytest.raises(Misbehaviour) as caught:
-                    await read_log(client, peer, states, deliverer(target, delivered), Peer(peer), page=25)
+                    await verify_head(client, peer, states)
+                    await differences(client, peer, SetIndex())
                 assert caught.value.code == code, caught.value
 
     trio.run(main)
-    for state in states._states.values():
-        assert state.position == 0  # no page of a lying server counts as read
-    if code != "sync.entries.invalid":
-        assert delivered == [] and target.view().log_size == 0  # nothing unverified reached the ledger
 
 
 # --- forks ------------------------------------------------------------------------------------------
@@ -485,7 +485,7 @@ FORKS = [
 
 
 @pytest.mark.parametrize("kind", FORKS)
-def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, history, target, kind):
+def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, history, kind):
     first, second = _fork_case(tmp_path, history, kind)
     serving = {"ledger": first}
     server, client = _noise_host(), _noise_host()
@@ -496,13 +496,13 @@ def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, his
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
-                assert await read_log(client, peer, states, deliverer(target), Peer(peer)) == 40
+                assert (await verify_head(client, peer, states)).size == 40
                 serving["ledger"] = second  # the same node key now serves another history
                 with pytest.raises(ForkDetected) as caught:
-                    await read_log(client, peer, states, deliverer(target), Peer(peer))
+                    await verify_head(client, peer, states)
                 states.record_fork(caught.value)
-                with pytest.raises(ForkDetected):  # refused from now on, without reading anything
-                    await read_log(client, peer, states, deliverer(target), Peer(peer))
+                with pytest.raises(ForkDetected):  # refused from now on
+                    await verify_head(client, peer, states)
                 return caught.value
 
     try:
@@ -515,7 +515,7 @@ def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, his
     assert earlier.node == later.node == fork.evidence["node"] == first.node_key.did
     assert (earlier.size, later.size) == (40, {"grown differently": 50, "same size": 40}.get(kind, 30))
     assert first.node_key.did in LogStates(tmp_path / "p2p").refused  # remembered across restarts
-    assert target.view().log_size == 40  # nothing of the second history was taken
+    assert LogStates(tmp_path / "p2p").get(first.node_key.did).head == earlier  # the verified head, kept
 
 
 # --- bans ---------------------------------------------------------------------------------------------
