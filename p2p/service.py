@@ -254,13 +254,16 @@ class P2PNode:
     # --- the node's side ------------------------------------------------------------------------------
 
     def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:
-        """After an ingest batch: gossip the new operations made here (RPC, local), release orphans whose
-        dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
+        """After an ingest batch: gossip the new operations made here (RPC, local), forget as missing what is now
+        stored, release orphans whose dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
         stored = []
         for receipt, op in zip(receipts, data, strict=True):
             if receipt.cid is None or receipt.verdict is Verdict.REJECTED:
                 continue
             stored.append(receipt.cid.raw)
+            want = self._wanted.get(receipt.cid.raw)
+            if want is not None and not want.in_flight:  # arrived another way (gossip): no longer missing
+                del self._wanted[receipt.cid.raw]
             if receipt.verdict is Verdict.ACCEPTED and receipt.source.kind in ("rpc", "local"):
                 self.outbox.put(op)
         for orphan in self.orphans.release(stored):
