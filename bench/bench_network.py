@@ -1,14 +1,15 @@
 """Network benchmark: a fresh node catching up by sync, and propagation latency across real daemons.
 
-Usage: python -m bench.bench_network [--catch-up 10000] [--nodes 5] [--rates 10,100] [--seconds 10]
-                                     [--batching 3000] [--burst 1000]
+Usage: python -m bench.bench_network [--catch-up 10000] [--catch-up-peers 5] [--nodes 5] [--rates 10,100]
+                                     [--seconds 10] [--batching 3000] [--burst 1000]
                                      [--only catch-up|propagation|batching|rogue|scale ...]
 
 Figures, each against a baseline measured in the same run:
   catch-up     N operations (bench.workload) ingested in-process into node A's data directory, in batches of
-               1,000: the local ingest rate (the baseline). Then A runs as a daemon and a fresh node B,
-               bootstrapped to A, reads A's log through sync: B's ops/s from its start until it holds all N,
-               as a ratio to the local ingest rate (target >= 0.5). B's progress is printed as it goes.
+               1,000: the local ingest rate (the baseline). Then A and --catch-up-peers - 1 copies of its data
+               (each its own node) run as daemons and a fresh node B, bootstrapped to all of them, catches up
+               by sync: B's ops/s from its start until it holds all N, as a ratio to the local ingest rate
+               (target >= 0.8); what B fetched (each operation once?) and from which peer.
   propagation  K daemons in a line (each bootstraps to the one before; separate processes). Operations are
                added through the RPC of nodes picked at random, at R per second for S seconds; every node's
                /events stream reports when each operation is applied there. Latency = applied on the last
@@ -43,6 +44,7 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,7 +52,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,7 @@ import websockets.sync.client
 from bench.bench_index import percentile
 from bench.workload import SUBJECTS, operations
 from ledger.cid import CID
-from ledger.ledger import Ledger
+from ledger.ledger import NODE_KEY, Ledger
 from ledger.params import NetworkParams
 from node.home import Home
 from tests.daemons import Daemon, init_home, start
@@ -91,7 +93,21 @@ def addr(node: Daemon) -> str:
 # --- catch-up ------------------------------------------------------------------------------------------
 
 
-def bench_catch_up(count: int) -> None:
+def copy_data(source: Path, home: Path) -> None:
+    """Give `home` the data of `source` (the same operations and log), keeping its own node key."""
+    data = home / "data"
+    for item in (source / "data").iterdir():
+        if item.name == NODE_KEY:
+            continue
+        target = data / item.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
+
+
+def bench_catch_up(count: int, peers: int) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
         a_home = node_home(root, "a", None, [])
@@ -112,33 +128,48 @@ def bench_catch_up(count: int) -> None:
         finally:
             ledger.close()
         local = count / elapsed
-        a = start(a_home)
-        try:
-            b_home = node_home(root, "b", a_home / "network.json", [addr(a)])
+        homes = [a_home]
+        for number in range(1, peers):  # the other peers hold the same operations, each with its own node key
+            homes.append(node_home(root, f"a{number}", a_home / "network.json", []))
+            copy_data(a_home, homes[-1])
+        with ExitStack() as running:
+            servers = [start(home) for home in homes]
+            for server in servers:
+                running.callback(server.stop)
+            b_home = node_home(root, "b", a_home / "network.json", [addr(server) for server in servers])
             started = time.perf_counter()
             b = start(b_home)
-            try:
-                last = -1
-                while True:
-                    size = b.call("status")["log_size"]
-                    if size >= count:
-                        break
-                    if size != last:
-                        sync = b.call("status")["p2p"]["sync"]
-                        progress(f"  B: {size:,}/{count:,} ({sync['state']}, {time.perf_counter() - started:.1f} s)")
-                        last = size
-                    time.sleep(1.0)
-                took = time.perf_counter() - started
-                same = a.call("state_root") == b.call("state_root")
-            finally:
-                b.stop()
-        finally:
-            a.stop()
+            running.callback(b.stop)
+            last = -1
+            while True:
+                size = b.call("status")["log_size"]
+                if size >= count:
+                    break
+                if size != last:
+                    sync = b.call("status")["p2p"]["sync"]
+                    progress(f"  B: {size:,}/{count:,} ({sync['state']}, {time.perf_counter() - started:.1f} s)")
+                    last = size
+                time.sleep(0.2)
+            took = time.perf_counter() - started
+            same = servers[0].call("state_root") == b.call("state_root")
+            sync = b.call("status")["p2p"]["sync"]
+            table = {p["peer_id"]: p["sync"]["fetched"] for p in b.call("peers")["peers"]}
+            shares = sorted((table.get(peer_id(server), 0) for server in servers), reverse=True)
     rate = count / took
-    print(f"\n## catch-up: a fresh node reads {count:,} operations from one peer\n")
-    print("| local ingest (baseline) | catch-up by sync (from B's start) | ratio (target >= 0.5) | state roots equal |")
-    print("| --- | --- | --- | --- |")
-    print(f"| {local:,.0f} ops/s | {rate:,.0f} ops/s ({took:.1f} s) | **{rate / local:.2f}** | {same} |")
+    print(f"\n## catch-up: a fresh node fetches {count:,} operations from {peers} peers that hold them all\n")
+    print(
+        "| local ingest (baseline) | catch-up by sync (from B's start) | ratio (target >= 0.8) | fetched by sync "
+        "(duplicates) | from each peer | state roots equal |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"| {local:,.0f} ops/s | {rate:,.0f} ops/s ({took:.1f} s) | **{rate / local:.2f}** | "
+        f"{sync['fetched']:,} ({sync['duplicates']}) | {', '.join(f'{share:,}' for share in shares)} | {same} |"
+    )
+
+
+def peer_id(node: Daemon) -> str:
+    return addr(node).rsplit("/p2p/", 1)[1]
 
 
 # --- propagation --------------------------------------------------------------------------------------
@@ -499,6 +530,7 @@ def bench_scale(count: int, burst: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catch-up", type=int, default=10_000, dest="catch_up")
+    parser.add_argument("--catch-up-peers", type=int, default=5, dest="catch_up_peers")
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--rates", default="10,100")
     parser.add_argument("--seconds", type=float, default=10.0)
@@ -509,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue", "scale"])
     rates = [int(rate) for rate in args.rates.split(",")]
     if "catch-up" in wanted:
-        bench_catch_up(args.catch_up)
+        bench_catch_up(args.catch_up, args.catch_up_peers)
     if "propagation" in wanted:
         bench_propagation(args.nodes, rates, args.seconds)
     if "batching" in wanted:
