@@ -62,7 +62,7 @@ import websockets.sync.client
 from bench.bench_index import percentile
 from bench.workload import SUBJECTS, operations
 from ledger.cid import CID
-from ledger.ledger import NODE_KEY, Ledger
+from ledger.ledger import HEAD_FILE, NODE_KEY, Ledger
 from ledger.params import NetworkParams
 from node.home import Home
 from tests.daemons import Daemon, init_home, start
@@ -94,10 +94,11 @@ def addr(node: Daemon) -> str:
 
 
 def copy_data(source: Path, home: Path) -> None:
-    """Give `home` the data of `source` (the same operations and log), keeping its own node key."""
+    """Give `home` the data of `source` (the same operations and log), keeping its own node key (and leaving
+    out the mark of the last head `source`'s key signed)."""
     data = home / "data"
     for item in (source / "data").iterdir():
-        if item.name == NODE_KEY:
+        if item.name in (NODE_KEY, HEAD_FILE):
             continue
         target = data / item.name
         if target.is_dir():
@@ -133,9 +134,10 @@ def bench_catch_up(count: int, peers: int) -> None:
             homes.append(node_home(root, f"a{number}", a_home / "network.json", []))
             copy_data(a_home, homes[-1])
         with ExitStack() as running:
-            servers = [start(home) for home in homes]
-            for server in servers:
-                running.callback(server.stop)
+            servers = []
+            for home in homes:
+                servers.append(start(home))
+                running.callback(servers[-1].stop)
             b_home = node_home(root, "b", a_home / "network.json", [addr(server) for server in servers])
             started = time.perf_counter()
             b = start(b_home)
