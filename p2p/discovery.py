@@ -47,8 +47,8 @@ MAX_KNOWN = 256  # peers in the address book
 MAX_SHARED = 32  # peers in one answer
 MAX_ADDRS = 4  # addresses per peer
 MAX_MESSAGE = 16 * 1024
-INTERVAL_BELOW = 1.0  # seconds between rounds while below TARGET_PEERS
-INTERVAL_AT = 10.0  # seconds between rounds at or above it
+INTERVAL_BELOW = 1.0  # seconds between rounds while below the target and rounds find something
+INTERVAL_AT = 10.0  # seconds between rounds at or above it (and at most, below it)
 EXCHANGE_TIMEOUT = 5.0
 TRIM_GRACE = 30.0  # seconds a connection is kept before it may be closed as surplus
 BACKOFF_MAX = 60.0  # seconds between dials of a peer that keeps failing
@@ -210,7 +210,6 @@ class Discovery:
                 except BaseException:
                     await _reset(stream)
                     raise
-            self._exchanged.add(peer)
             self.exchanges += 1
         except (LedgerError, SyncError, StreamError, trio.TooSlowError) as exc:
             log.info("a peer exchange with %s failed: %s", peer, exc)
@@ -228,27 +227,39 @@ class Discovery:
         self.book.dialled(peer, ok=False)
 
     async def run(self) -> None:
+        """Rounds every INTERVAL_BELOW while below the target and a round changes something (a new peer known
+        or dialled), backing off to INTERVAL_AT when one does not (a network smaller than the target)."""
+        interval = INTERVAL_BELOW
         while True:
             connected = [peer for peer in self.host.get_connected_peers() if not self._refused(peer)]
+            known = len(self.book.known)
             async with trio.open_nursery() as nursery:
                 for peer in connected:
                     if peer not in self._exchanged:
+                        self._exchanged.add(peer)  # once per connection, answered or not
                         nursery.start_soon(self.exchange, peer)
+            dialled = 0
             if len(connected) < self.target:
-                await self._grow(connected)
+                dialled = await self._grow(connected)
             elif len(connected) > SURPLUS * self.target:
                 await self._trim(connected)
-            await trio.sleep(INTERVAL_BELOW if len(connected) < self.target else INTERVAL_AT)
+            below = len(connected) < self.target
+            interval = INTERVAL_BELOW if below and (dialled or len(self.book.known) > known) else interval
+            await trio.sleep(interval if below else INTERVAL_AT)
+            interval = min(INTERVAL_AT, interval * 2)
 
-    async def _grow(self, connected: list[ID]) -> None:
+    async def _grow(self, connected: list[ID]) -> int:
+        """Ask one connected peer for its peers, dial enough of the book's; how many were dialled."""
         if connected:  # ask one more peer than those just met: a node that knows one peer learns of its peers
             await self.exchange(random.choice(connected))
         exclude = {*connected, self.book.own}
         choice = [peer for peer in self.book.candidates(exclude) if not self._refused(peer)]
         random.shuffle(choice)
+        chosen = choice[: self.target - len(connected)]
         async with trio.open_nursery() as nursery:
-            for peer in choice[: self.target - len(connected)]:
+            for peer in chosen:
                 nursery.start_soon(self._dial, peer)
+        return len(chosen)
 
     async def _trim(self, connected: list[ID]) -> None:
         """Close the newest surplus connections among those older than TRIM_GRACE (Kubo's connection manager
