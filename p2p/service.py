@@ -631,19 +631,26 @@ class P2PNode:
 
     def _window(self) -> list[bytes]:
         """The CIDs to fetch next: not in flight, found at least FETCH_GRACE ago, still lacking; lowest clocks first."""
-        view, ripe = self.ledger.view(), time.monotonic() - FETCH_GRACE
-        connected = set(self.host.get_connected_peers())
+        ripe, connected = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers())
         candidates = []
         for cid, want in list(self._wanted.items()):
             if want.in_flight or want.since > ripe:
                 continue
             want.peers &= connected
-            if not want.peers or cid in self._queued or view.has(CID(cid)):
+            if not want.peers:  # found again by a round with a peer that has it
                 del self._wanted[cid]
                 continue
             candidates.append((want.clock, cid))
         candidates.sort()
-        return [cid for _, cid in candidates[:FETCH_WINDOW]]
+        view, window = self.ledger.view(), []
+        for _, cid in candidates:  # `committed` forgets what arrives; this catches what came in between
+            if cid in self._queued or view.has(CID(cid)):
+                del self._wanted[cid]
+            elif len(window) < FETCH_WINDOW:
+                window.append(cid)
+            else:
+                break
+        return window
 
     def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
         """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
@@ -669,6 +676,8 @@ class P2PNode:
             await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
         except (SyncError, LedgerError) as exc:
             log.info("fetching %d operations from %s failed: %s", len(cids), peer_id, exc)
+        except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
+            log.exception("fetching %d operations from %s failed", len(cids), peer_id)
 
     def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
         """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
