@@ -180,6 +180,7 @@ class P2PNode:
         self.id = self.host.get_id()
         self.topic = gossip.topic_for(ledger.params.network_id)
         self.pubsub = gossip.build_pubsub(self.host, self.topic)
+        gossip.drop_copies_in_validation(self.pubsub)
         gossip.set_validator(self.pubsub, self.topic, self._check_gossip)
         self.stop = trio.Event()
         self.addrs: list[str] = []
