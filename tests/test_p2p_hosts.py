@@ -33,7 +33,7 @@ from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
 from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
-from p2p.gossip import build_pubsub, topic_for
+from p2p.gossip import build_pubsub, drop_copies_in_validation, set_validator, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
 from p2p.reconcile import LEVELS, LIST_BELOW, MAX_PREFIXES, SetIndex
 from p2p.service import P2PNode, run_host
@@ -570,3 +570,58 @@ def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
 
     trio.run(main)
     assert node.peer(rogue.get_id()).banned
+
+
+# --- gossip copies ----------------------------------------------------------------------------------
+
+
+def test_a_message_arriving_from_two_peers_while_in_validation_is_validated_and_delivered_once():
+    """A publishes; B validates at once and forwards, so B's copy reaches C while C still validates A's (C's
+    validator takes 0.5 s). py-libp2p 0.8.1 alone validates and delivers both; `drop_copies_in_validation` one."""
+    hosts = [_noise_host() for _ in range(3)]
+    pubsubs = [build_pubsub(host, TOPIC) for host in hosts]
+    for pubsub in pubsubs:
+        drop_copies_in_validation(pubsub)
+    validated: list[bytes] = []
+
+    async def slow(forwarder: ID, origin: ID, data: bytes) -> bool:
+        validated.append(data)
+        await trio.sleep(0.5)
+        return True
+
+    async def fast(forwarder: ID, origin: ID, data: bytes) -> bool:
+        return True
+
+    set_validator(pubsubs[1], TOPIC, fast)
+    set_validator(pubsubs[2], TOPIC, slow)
+
+    async def main() -> list[bytes]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                done = trio.Event()
+                started = [trio.Event() for _ in hosts]
+
+                async def run(number: int) -> None:
+                    async with run_host(hosts[number], pubsubs[number], LISTEN):
+                        started[number].set()
+                        await done.wait()
+
+                for number in range(3):
+                    nursery.start_soon(run, number)
+                for event in started:
+                    await event.wait()
+                subscriptions = [await pubsub.subscribe(TOPIC) for pubsub in pubsubs]
+                for a, b in ((0, 1), (0, 2), (1, 2)):
+                    await connect(hosts[a], full_addrs(hosts[b])[0], 10)
+                meshes = [pubsub.router.mesh for pubsub in pubsubs]  # type: ignore[attr-defined]
+                while any(len(mesh.get(TOPIC, ())) < 2 for mesh in meshes):  # the heartbeat grafts each pair
+                    await trio.sleep(0.05)
+                await pubsubs[0].publish(TOPIC, b"one message")
+                received = [(await subscriptions[2].get()).data]
+                with trio.move_on_after(2):  # a second copy, if any, comes within B's forward plus C's validation
+                    received.append((await subscriptions[2].get()).data)
+                done.set()
+                return received
+
+    assert trio.run(main) == [b"one message"]
+    assert validated == [b"one message"]
