@@ -96,25 +96,32 @@ class AddressBook:
         return [peer for peer, entry in self.known.items() if peer not in exclude and entry.next_dial <= now]
 
 
-def check_addrs(peer: ID, addrs: Any) -> list[str]:
-    """The well-formed multiaddrs of `addrs` that end in /p2p/`peer` (others are dropped, not trusted)."""
+def check_addrs(peer: ID, addrs: Any, observed: str | None = None) -> list[str]:
+    """The well-formed multiaddrs of `addrs` that end in /p2p/`peer` (others are dropped, not trusted). A node
+    listening on 0.0.0.0 (a container) announces that: `observed`, the IPv4 address its connection comes from,
+    stands in for it when given (its own addresses); otherwise such an address is dropped."""
     if type(addrs) is not list:
         return []
     found = []
     for text in addrs[:MAX_ADDRS]:
         if type(text) is not str:
             continue
+        if observed and text.startswith("/ip4/0.0.0.0/"):
+            text = f"/ip4/{observed}/" + text.removeprefix("/ip4/0.0.0.0/")
         try:
             named, multiaddr = parse_peer_addr(text)
         except LedgerError:
             continue
-        if named == peer and "/ip4/0.0.0.0/" not in text and "/ip6/::/" not in text:
+        if named == peer and not text.startswith(("/ip4/0.0.0.0/", "/ip6/::/")):
             found.append(str(multiaddr))
     return found
 
 
-def decode_message(data: bytes, sender: ID) -> tuple[list[str], list[tuple[ID, list[str]]]]:
-    """(the sender's own addresses, the peers it shares); raises LedgerError('peers.message') on a bad shape."""
+def decode_message(
+    data: bytes, sender: ID, observed: str | None = None
+) -> tuple[list[str], list[tuple[ID, list[str]]]]:
+    """(the sender's own addresses, the peers it shares); raises LedgerError('peers.message') on a bad shape.
+    `observed`: the IPv4 address the sender's connection comes from."""
     try:
         message = codec.decode(data)
     except LedgerError as exc:
@@ -129,8 +136,9 @@ def decode_message(data: bytes, sender: ID) -> tuple[list[str], list[tuple[ID, l
             peer = ID(row[0])
         except Exception:  # libp2p's ID raises several types for bytes that are no peer id
             continue
-        shared.append((peer, check_addrs(peer, row[1])))
-    return check_addrs(sender, message["addrs"]), shared
+        if addrs := check_addrs(peer, row[1]):
+            shared.append((peer, addrs))
+    return check_addrs(sender, message["addrs"], observed), shared
 
 
 class Discovery:
@@ -170,8 +178,8 @@ class Discovery:
         random.shuffle(shared)
         return codec.encode({"addrs": self._own_addrs(), "peers": shared[:MAX_SHARED]})
 
-    def _learn(self, sender: ID, data: bytes) -> None:
-        own, shared = decode_message(data, sender)
+    def _learn(self, sender: ID, data: bytes, stream: INetStream) -> None:
+        own, shared = decode_message(data, sender, _observed_ip(stream))
         self.book.learn(sender, own)
         for peer, addrs in shared:
             if not self._refused(peer):
@@ -184,7 +192,7 @@ class Discovery:
                 data = await FrameReader(stream, MAX_MESSAGE, EXCHANGE_TIMEOUT).read_frame()
                 if data is None:
                     raise LedgerError("peers.message", "the stream ended before a message")
-                self._learn(sender, data)
+                self._learn(sender, data, stream)
                 await stream.write(frame(self._message(sender)))
                 await stream.close()
         except (LedgerError, StreamError, trio.TooSlowError) as exc:
@@ -205,7 +213,7 @@ class Discovery:
                     data = await FrameReader(stream, MAX_MESSAGE, EXCHANGE_TIMEOUT).read_frame()
                     if data is None:
                         raise LedgerError("peers.message", "the stream ended before an answer")
-                    self._learn(peer, data)
+                    self._learn(peer, data, stream)
                     await stream.close()
                 except BaseException:
                     await _reset(stream)
@@ -217,7 +225,8 @@ class Discovery:
             log.info("cannot exchange peers with %s: %s", peer, exc)
 
     async def _dial(self, peer: ID) -> None:
-        for addr in list(self.book.known[peer].addrs):
+        entry = self.book.known.get(peer)  # a full book may have forgotten it meanwhile
+        for addr in list(entry.addrs if entry else ()):
             try:
                 await self._connect(addr)
                 self.book.dialled(peer, ok=True)
@@ -271,6 +280,15 @@ class Discovery:
         for _, _, peer in surplus:
             log.info("closing the connection to %s: %d peers connected, %d wanted", peer, len(connected), self.target)
             await self.host.disconnect(peer)
+
+
+def _observed_ip(stream: INetStream) -> str | None:
+    """The IPv4 address the stream's connection comes from, if the transport says."""
+    try:
+        remote = stream.get_remote_address()
+    except Exception:  # transports differ in what they know; the address is only a help
+        return None
+    return remote[0] if remote and remote[0].count(".") == 3 else None
 
 
 async def _reset(stream: INetStream) -> None:

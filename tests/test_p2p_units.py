@@ -13,13 +13,17 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from libp2p.peer.id import ID
 from trio.testing import MockClock
 
 from ledger import codec
+from ledger.errors import LedgerError
 from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
 from ledger.store import Store
 from p2p import gossip, orphans
+from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
 from p2p.gossip import GossipBatch, GossipError, Outbox
+from p2p.host import key_pair
 from p2p.orphans import Orphan, OrphanPool
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
@@ -584,3 +588,77 @@ def test_an_origins_allowance_refills_at_its_rate_and_caps_at_its_burst():
     assert not allowance.take(origin, 1)  # a refusal spends nothing, and nothing came back meanwhile
     now[0] = 1000.0
     assert allowance.take(origin, 100) and not allowance.take(origin, 1)  # refilled, but never above the burst
+
+
+# --- discovery: what a peer tells us, and the address book --------------------------------------------
+
+
+def _peer(seed: int) -> ID:
+    return ID.from_pubkey(key_pair(seed.to_bytes(2, "big") * 16).public_key)
+
+
+def test_announced_addresses_count_only_for_the_peer_they_name():
+    alice, bob = _peer(1), _peer(2)
+    addrs = [
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}",
+        f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}",  # another peer's: never taken as alice's
+        f"/ip4/0.0.0.0/tcp/4003/p2p/{alice}",  # unspecified: only with the address its connection comes from
+        "not a multiaddr",
+        7,
+    ]
+    assert check_addrs(alice, addrs) == [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"]
+    assert check_addrs(alice, addrs[:3], observed="10.0.0.5") == [
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}",
+        f"/ip4/10.0.0.5/tcp/4003/p2p/{alice}",
+    ]
+    assert check_addrs(alice, "everything") == []
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\xff not cbor", codec.encode([1, 2]), codec.encode({"peers": []}), codec.encode({"addrs": "x"})],
+)
+def test_a_malformed_peer_exchange_is_refused_with_its_code(message):
+    with pytest.raises(LedgerError) as caught:
+        decode_message(message, _peer(1))
+    assert caught.value.code == "peers.message"
+
+
+def test_shared_peers_with_bad_ids_or_addresses_are_skipped():
+    alice, bob = _peer(1), _peer(2)
+    message = codec.encode(
+        {
+            "addrs": [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"],
+            "peers": [
+                [bob.to_bytes(), [f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}", f"/ip4/127.0.0.1/tcp/4009/p2p/{alice}"]],
+                [b"not an id", ["/ip4/127.0.0.1/tcp/4003"]],
+                "junk",
+            ],
+        }
+    )
+    own, shared = decode_message(message, alice)
+    assert own == [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"]
+    assert shared == [(bob, [f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}"])]
+
+
+def test_the_address_book_is_bounded_backs_off_failures_and_forgets_the_worst_first():
+    own = _peer(1)
+    book = AddressBook(own)
+    book.learn(own, ["/ip4/127.0.0.1/tcp/1/p2p/x"])  # never itself
+    assert own not in book.known
+    peers = [_peer(seed) for seed in range(2, 2 + MAX_KNOWN)]
+    for number, peer in enumerate(peers):
+        book.learn(peer, [f"/ip4/127.0.0.1/tcp/{1000 + number}/p2p/{peer}"])
+    assert len(book.known) == MAX_KNOWN
+    newcomer = _peer(1000)
+    book.learn(newcomer, [f"/ip4/127.0.0.1/tcp/9/p2p/{newcomer}"])
+    assert newcomer not in book.known  # a full book of peers that never failed keeps them
+    book.dialled(peers[3], ok=False)
+    book.dialled(peers[3], ok=False)
+    assert peers[3] not in book.candidates(set())  # backing off
+    book.learn(newcomer, [f"/ip4/127.0.0.1/tcp/9/p2p/{newcomer}"])
+    assert newcomer in book.known and peers[3] not in book.known  # the one that failed went first
+    assert len(book.known) == MAX_KNOWN
+    book.dialled(peers[4], ok=False)
+    book.dialled(peers[4], ok=True)
+    assert peers[4] in book.candidates(set()) and peers[4] not in book.candidates({peers[4]})
