@@ -82,7 +82,7 @@ PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
 FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
 FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
 FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
-INGEST_SLOTS = 2  # fetched windows queued for ingest while the next is fetched
+INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
 
 
 class LedgerPort(Protocol):
