@@ -589,18 +589,17 @@ class P2PNode:
 
     def _want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
         """Record which of `found` (listed by `peer`) this node lacks; how many."""
-        now, lacking = time.monotonic(), 0
-        for clock, cid in found:
-            if cid in self._queued or view.has(CID(cid)):
-                continue
-            lacking += 1
+        lacking = [(clock, cid) for clock, cid in found if cid not in self._queued and not view.has(CID(cid))]
+        # more than a window missing is a catch-up, not gossip in flight: no grace
+        now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
+        for clock, cid in lacking:
             want = self._wanted.get(cid)
             if want is None:
                 want = self._wanted[cid] = Want(clock, now)
             want.peers.add(peer)
         if lacking:
             self._wanted_changed.set()
-        return lacking
+        return len(lacking)
 
     async def _fetch_wanted(self) -> None:
         """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
