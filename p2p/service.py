@@ -203,6 +203,7 @@ class P2PNode:
         self._wanted: dict[bytes, Want] = {}
         self._wanted_changed = trio.Event()
         self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
+        self._fetched_queued = 0  # operations fetched and waiting for ingest
         self._nursery: trio.Nursery | None = None
         serve(self.host, ledger.view, ledger.read, self._served, self.index)
         self.discovery = Discovery(
@@ -286,11 +287,11 @@ class P2PNode:
         await self.host.disconnect(peer_id)
 
     def sync_status(self) -> dict[str, Any]:
-        """In sync when every connected peer has been reconciled with since it connected and nothing it listed,
-        nor anything an orphan waits for, is missing here."""
+        """In sync when every connected peer has been reconciled with since it connected and nothing it listed
+        (found missing, or fetched and waiting for ingest), nor anything an orphan waits for, is missing here."""
         connected = self.connected()
         unreconciled = sum(1 for peer in connected if not peer.last_sync)
-        behind = len(self._wanted) + len(self.orphans)
+        behind = len(self._wanted) + self._fetched_queued + len(self.orphans)
         return {
             "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
             "behind": behind,
@@ -627,6 +628,7 @@ class P2PNode:
                     source = Source("sync", str(peer_id))
                     ready, present = self._admit(blocks, source)
                     await self._ingest_slots.acquire()
+                    self._fetched_queued += len(ready)
                     ingesting.start_soon(self._ingest_fetched, ready, present, source, peer)
 
     def _window(self) -> list[bytes]:
@@ -704,6 +706,7 @@ class P2PNode:
         except Exception:  # one chunk must not end the node; what it held is found missing again by the next round
             log.exception("ingesting %d operations fetched from %s failed", len(ready), peer.id)
         finally:
+            self._fetched_queued -= len(ready)
             self._ingest_slots.release()
 
     # --- peers -----------------------------------------------------------------------------------------
