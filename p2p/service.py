@@ -562,6 +562,8 @@ class P2PNode:
                 self.counters.sync_rounds += 1
                 peer.missing = self._want(found, peer.id, view)
                 peer.settled_size = -1 if peer.missing else head.size
+                if peer.missing:
+                    log.info("reconciled with %s: %d operations missing here", peer.id, peer.missing)
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
