@@ -457,13 +457,14 @@ def bench_scale(count: int, burst: int) -> None:
         root = Path(tmp)
         began = time.monotonic()
         with swarm(root, count) as nodes:
-            progress(f"{count} daemons started in {time.monotonic() - began:.0f} s; waiting for discovery ...")
+            all_ready = time.monotonic()
+            progress(f"{count} daemons started in {all_ready - began:.0f} s; waiting for discovery ...")
             wanted = min(6, count - 1)
             while (peers := [s["p2p"]["sync"]["peers"] for s in on_all(nodes, "status")]) and min(peers) < wanted:
                 if time.monotonic() - began > 600:
                     raise RuntimeError(f"discovery: after 600 s the fewest peers of a node is {min(peers)}")
                 time.sleep(1.0)
-            connected_after = time.monotonic() - began
+            connected_after, after_ready = time.monotonic() - began, time.monotonic() - all_ready
             progress(f"every node holds >= {wanted} peers ({connected_after:.0f} s after the first start)")
             params = NetworkParams.from_file(nodes[0].home / "network.json")
             origins = nodes[:: max(1, count // SUBMITTERS)][:SUBMITTERS]
@@ -517,7 +518,10 @@ def bench_scale(count: int, burst: int) -> None:
             fetched = sum(s["sync"]["fetched"] for s in statuses)
             load = os.getloadavg()
     print(f"\n## scale: {count} daemons that know only the first, a burst of {len(sizes):,} operations via 10\n")
-    print(f"discovery: every node held >= {wanted} peers {connected_after:.0f} s after the first start;")
+    print(
+        f"discovery: every node held >= {wanted} peers {connected_after:.0f} s after the first start, "
+        f"{after_ready:.1f} s after the last was ready;"
+    )
     print(f"peers per node after the burst: min {peers[0]}, median {peers[len(peers) // 2]}, max {peers[-1]}\n")
     print("| ingest (first submit to last returned; baseline) | propagation (last returned to all roots equal) |")
     print("| --- | --- |")
