@@ -11,6 +11,7 @@ disconnected concurrently, then the host closed, shielded and bounded (`host.run
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -201,6 +202,7 @@ class P2PNode:
         self._syncs = trio.CapacityLimiter(SYNCS)
         self.index = SetIndex()
         self._wanted: dict[bytes, Want] = {}
+        self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
         self._wanted_changed = trio.Event()
         self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
         self._fetched_queued = 0  # operations fetched and waiting for ingest
@@ -599,6 +601,7 @@ class P2PNode:
             want = self._wanted.get(cid)
             if want is None:
                 want = self._wanted[cid] = Want(clock, now)
+                heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
         if lacking:
             self._wanted_changed.set()
@@ -612,6 +615,7 @@ class P2PNode:
         async with trio.open_nursery() as ingesting:
             while True:
                 if not self._wanted:
+                    self._fetch_order.clear()  # what is left there is stale
                     await self._wanted_changed.wait()
                     self._wanted_changed = trio.Event()
                     continue
@@ -634,27 +638,27 @@ class P2PNode:
                     ingesting.start_soon(self._ingest_fetched, ready, present, source, peer)
 
     def _window(self) -> list[bytes]:
-        """The CIDs to fetch next: not in flight, found at least FETCH_GRACE ago, still lacking; lowest clocks first."""
-        ripe, connected = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers())
-        candidates = []
-        for cid, want in list(self._wanted.items()):
-            if want.in_flight or want.since > ripe:
+        """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
+        or no connected peer has them: a later round finds them again) and holding back those found less than
+        FETCH_GRACE ago. O(window log wanted), so a catch-up of a million operations stays linear."""
+        ripe, connected, view = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers()), self.ledger.view()
+        window: dict[bytes, None] = {}  # in order, without repeats
+        held_back: list[tuple[int, bytes]] = []
+        while self._fetch_order and len(window) < FETCH_WINDOW:
+            clock, cid = heapq.heappop(self._fetch_order)
+            want = self._wanted.get(cid)
+            if want is None or want.in_flight or cid in window:  # stale, or pushed twice
                 continue
             want.peers &= connected
-            if not want.peers:  # found again by a round with a peer that has it
+            if not want.peers or cid in self._queued or view.has(CID(cid)):
                 del self._wanted[cid]
-                continue
-            candidates.append((want.clock, cid))
-        candidates.sort()
-        view, window = self.ledger.view(), []
-        for _, cid in candidates:  # `committed` forgets what arrives; this catches what came in between
-            if cid in self._queued or view.has(CID(cid)):
-                del self._wanted[cid]
-            elif len(window) < FETCH_WINDOW:
-                window.append(cid)
+            elif want.since > ripe:
+                held_back.append((clock, cid))
             else:
-                break
-        return window
+                window[cid] = None
+        for item in held_back:
+            heapq.heappush(self._fetch_order, item)
+        return list(window)
 
     def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
         """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
@@ -700,6 +704,7 @@ class P2PNode:
             else:
                 want.in_flight = False
                 want.peers.discard(peer_id)
+                heapq.heappush(self._fetch_order, (want.clock, cid))
 
     async def _ingest_fetched(self, ready: list[bytes], present: set[bytes], source: Source, peer: Peer) -> None:
         try:
