@@ -363,7 +363,7 @@ class LogState:
 
 
 class LogStates:
-    """The reading positions and fork evidence, one file each under `directory` (written atomically)."""
+    """The verified heads and fork evidence, one file each under `directory` (written atomically)."""
 
     def __init__(self, directory: Path) -> None:
         self.logs = directory / "logs"
@@ -420,7 +420,7 @@ async def read_head(host: IHost, peer: ID) -> TreeHead:
 
 
 async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> bool:
-    """Is `head` consistent with the last head of its node we verified? True when it is newer (read on), False
+    """Is `head` consistent with the last head of its node we verified? True when it is newer (keep it), False
     when it adds nothing (the same, or an older head replayed); raises ForkDetected when no append-only log has
     both: a consistency proof that fails, or a smaller head signed later than a larger one."""
     old = state.head
