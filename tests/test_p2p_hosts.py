@@ -257,7 +257,7 @@ BAD_EXCHANGES = {
         frame(codec.encode({"get": "list", "level": 12, "prefixes": list(range(MAX_PREFIXES + 1))})),
         "sync.request",
     ),
-    "no request": (b"", "sync.request"),
+    "no request": (b"", "sync.stream"),  # a client that gave up looks the same: unpenalised
     "oversized length prefix": (b"\xff\xff\xff\xff" + b"x" * 100, "sync.frame.too_large"),
     "request over the limit": (frame(b"\x00" * (MAX_REQUEST + 1)), "sync.frame.too_large"),
     "truncated frame": (b"\x00\x00\x10\x00" + b"x" * 100, "sync.frame.truncated"),
@@ -413,7 +413,6 @@ def _lies(source: Ledger) -> dict[str, tuple[Callable, str]]:
     return {
         "a head with a bad signature": (bad_signature, "sync.head.signature"),
         "a head that is not a head": (lambda request: [b"\xa1\x61x\x01"], "sync.head"),
-        "no head": (lambda request: [], "sync.head"),
         "two heads": (lambda request: honest(request) * 2, "sync.response.count"),
         "fingerprints of the wrong number": (
             with_sums(lambda request: [codec.encode({"sums": [[0, bytes(32)]] * 3})]),
@@ -430,7 +429,6 @@ def _lies(source: Ledger) -> dict[str, tuple[Callable, str]]:
 LIES = [
     "a head with a bad signature",
     "a head that is not a head",
-    "no head",
     "two heads",
     "fingerprints of the wrong number",
     "a fingerprint that is not one",
