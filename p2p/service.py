@@ -70,7 +70,7 @@ GOSSIP_QUEUE = 256  # received messages waiting for delivery (each at most 512 K
 EVENT_QUEUE = 1024
 DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits for a durable batch)
 SYNCS = 4  # peers read at once
-SYNC_INTERVAL = 5.0  # seconds between syncs with a peer when nothing asks for one sooner
+SYNC_INTERVAL = 10.0  # seconds between syncs with a peer when nothing asks for one sooner (a gossip hint does)
 SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer and the next
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
@@ -794,6 +794,9 @@ class P2PNode:
 
         async def check(peer_id: ID) -> None:
             peer = self.peer(peer_id)
+            if time.time() - peer.last_sync < PING_INTERVAL:  # it answered a sync round just now: alive
+                peer.ping_misses = 0
+                return
             try:
                 await ping(self.host, peer_id, PING_TIMEOUT)
                 peer.ping_misses = 0

@@ -27,7 +27,7 @@ from tests.daemons import START_TIMEOUT, Daemon, init_home, start
 from tests.factories import SEED_TEXTS
 
 P2P = "/ip4/127.0.0.1/tcp/0"
-CONVERGE = 60.0  # seconds a network gets to converge (sync runs every 5 s; gossip takes milliseconds)
+CONVERGE = 60.0  # seconds a network gets to converge (sync runs every 10 s; gossip takes milliseconds)
 STARTS_AT_ONCE = 3
 MANY_START_TIMEOUT = 240.0  # seconds a daemon started beside others gets to be ready (the cores are shared)
 
