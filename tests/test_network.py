@@ -318,24 +318,3 @@ def test_ten_nodes_that_know_only_the_first_find_each_other_and_outlive_it(tmp_p
         fifth = others[3]
         add(fifth, DISTINCT[0], "math.mixed")
         wait_until(lambda: converged(others, 1), "the operation on the nine left, with equal state roots")
-
-
-def test_twenty_nodes_converge_after_a_burst_spread_over_five(tmp_path):
-    """20 daemons that know only the first: 200 operations submitted at once through five of them reach all,
-    with equal state roots, and every node then says "in sync"."""
-    with network(tmp_path) as net:
-        first = net.start("n1")
-        nodes = [first, *net.start_many([f"n{index}" for index in range(2, 21)], (addr(first),))]
-        for node in nodes:
-            wait_until(lambda node=node: peer_count(node) >= 6, f"{node.home.name} holding 6 peers", timeout=120)
-        blocks = [block.data for block in operations(200, NetworkParams.from_file(net.genesis))]
-        for index, node in enumerate(nodes[::4]):  # one causal history dealt out: many wait for their parents
-            batch = [
-                {"jsonrpc": "2.0", "id": n, "method": "submit", "params": {"operation": op.hex()}}
-                for n, op in enumerate(blocks[index::5])
-            ]
-            answers = node.http.post(node.url, json=batch).json()
-            assert all("error" not in answer for answer in answers), answers
-        wait_until(lambda: converged(nodes, 200), "equal state roots on all 20", timeout=180)
-        for node in nodes:
-            wait_until(lambda node=node: node.call("status")["p2p"]["sync"]["state"] == "in sync", "in sync")
