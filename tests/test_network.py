@@ -313,7 +313,7 @@ def test_ten_nodes_that_know_only_the_first_find_each_other_and_outlive_it(tmp_p
         first = net.start("n1")
         others = net.start_many([f"n{index}" for index in range(2, 11)], (addr(first),))
         for node in [first, *others]:
-            wait_until(lambda node=node: peer_count(node) >= 4, f"{node.home.name} holding 4 peers")
+            wait_until(lambda node=node: peer_count(node) >= 4, f"{node.home.name} holding 4 peers", timeout=120)
         net.stop("n1")
         fifth = others[3]
         add(fifth, DISTINCT[0], "math.mixed")
