@@ -44,10 +44,6 @@ def bucket_of(cid: bytes) -> int:
     return int.from_bytes(cid[_DIGEST_AT : _DIGEST_AT + 2], "big")
 
 
-def lanes_of(cid: bytes) -> np.ndarray:
-    return np.frombuffer(hashlib.sha256(_DOMAIN + cid).digest(), dtype="<u8")
-
-
 class SetIndex:
     """Count and lane-sum per leaf bucket of the operations in the log's first `size` positions."""
 
