@@ -1,6 +1,7 @@
 """DSO extraction benchmark: seconds and tokens per group for each stage, with the bundled SmolLM2-135M.
 
 Usage: python -m bench.bench_dso [--rounds 1] [--max-tokens N] [--rollouts data/dso/rollouts.jsonl]
+       python -m bench.bench_dso --eval [--base-url URL] [--model NAME] [-G 4] ...  (the gain: bench/dso_eval.py)
 
 A real daemon (with a few experiences) and the real model served by llama.cpp (node.dso.smollm) on
 127.0.0.1; the extraction runs in this process, as `expledger dso extract` runs it, --rounds times over the
@@ -87,6 +88,11 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--eval" in argv:
+        from bench import dso_eval
+
+        return dso_eval.main([arg for arg in argv if arg != "--eval"])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--max-tokens", type=int, help="cap on every answer (default: each stage's own budget)")

@@ -71,7 +71,7 @@ from ledger.ops import Block, Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.records import Life, Outcome
 from ledger.retrieval import Retriever
-from ledger.store import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
+from ledger.tables import COMPONENT_SIZE, member_prefix, parse_member_key, read_u64
 from ledger.validation import validate
 from ledger.view import LedgerView
 
@@ -232,13 +232,14 @@ PARTNER_TEXTS = (
 )
 
 
-def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int] | None:
+def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int, int] | None:
     """In the largest component, merges of an early add that an applied merge took, in a live experience, and a
     new add with clock 1 (ingested first, not timed), each merge with a clock just above the two and no parents,
     signed by keys of this probe: the merge that took the first add takes the late one instead, and what acted on
-    it since is folded again (PROTOCOL.md 7.5). Their median cost and the median count of operations each folds
-    again; None if the component has no such add. The last probe of a run: its merges change what the others
-    probe."""
+    it since is folded again (PROTOCOL.md 7.5). Their median cost, the median count of operations each folds
+    again and the median count of the component's operations sorting after each (what refolding the component
+    from it would fold again); None if the component has no such add. The last probe of a run: its merges change
+    what the others probe."""
     component, _ = _largest(ledger)
     view = ledger.view()
     members = [CID(parse_member_key(key)) for key, _ in ledger.store.scan(member_prefix(component))]
@@ -250,7 +251,7 @@ def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int] | Non
     ]
     embedder = embedder_for(ledger.params)
     vectors = [pack_float16(values) for values in embedder.embed(list(PARTNER_TEXTS))]
-    times, refolded = [], []
+    times, refolded, behind = [], [], []
     for round_, (text, vector) in enumerate(zip(PARTNER_TEXTS, vectors, strict=True)):
         now = ledger.view()
         add = next((m for m in taken if (record := now.experience(now.resolve(m))) and record.live), None)
@@ -260,10 +261,24 @@ def _late_merges_of_taken(ledger: Ledger, probe: int) -> tuple[float, int] | Non
         content = Experience(text, ("bench",), 0.5, Embedding(embedder.model_id, embedder.dim, vector))
         partner = sign(Operation(Kind.ADD, "", 1, (), 1_700_000_000, content=content), _probe_key(220, round_, probe))
         ledger.ingest([partner.data])
-        before = ledger.refolded
-        times.append(_timed(ledger, _merge(ledger, add, partner.cid, _probe_key(210, round_, probe), late=True)))
+        before, merge = ledger.refolded, _merge(ledger, add, partner.cid, _probe_key(210, round_, probe), late=True)
+        times.append(_timed(ledger, merge))
         refolded.append(ledger.refolded - before)
-    return (statistics.median(times), int(statistics.median(refolded))) if times else None
+        behind.append(_sorting_after(ledger.view(), members, CID.for_block(merge)))
+    if not times:
+        return None
+    return statistics.median(times), int(statistics.median(refolded)), int(statistics.median(behind))
+
+
+def _sorting_after(view: LedgerView, members: list[CID], late: CID) -> int:
+    """The applied operations on `members` (their adds and merges, and what names them) that sort after `late`."""
+    operations = set(members) | {named for member in members for named in view.by_target(member)}
+    after = (view.clock(late), late.raw)
+    return sum(
+        1
+        for cid in operations
+        if (view.clock(cid), cid.raw) > after and (status := view.status(cid)) and status.outcome is Outcome.APPLIED
+    )
 
 
 def _probe_key(base: int, offset: int, probe: int) -> AuthorKey:
@@ -639,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
     components: list[_ComponentProbe] = []  # per checkpoint: the largest component's probe
     regroups: list[_RegroupProbe | None] = []  # per checkpoint: splits and joins of the repeated insight
     deleted: _RegroupProbe | None = None  # at the last checkpoint: the same with a delete of what leaves
-    merged_late: tuple[float, int] | None = None  # then late merges of adds merges took: median seconds, refolded
+    merged_late: tuple[float, int, int] | None = None  # then late merges of adds merges took: seconds, refolded, after
     named_split: tuple[float, int] | None = None  # then splits of adds an applied merge and a delete name: the same
     tenths_cpu: list[tuple[float, float]] = []  # per tenth: the writer's and the other threads' CPU per operation
     tenths_threads: list[dict[str, float]] = []  # per tenth: the other threads' CPU per operation, by thread
@@ -794,7 +809,8 @@ def main(argv: list[str] | None = None) -> int:
     if merged_late is not None:
         print(
             f"  at {marks[-1][0]:>9,} ops: a merge of an early add a merge took and a new add, sorting "
-            f"just after them, {merged_late[0] * 1000:,.1f} ms (folds {merged_late[1]:,} operations again)"
+            f"just after them, {merged_late[0] * 1000:,.1f} ms (folds {merged_late[1]:,} operations again, of the "
+            f"{merged_late[2]:,} of its component sorting after it)"
         )
     if named_split is not None:
         print(

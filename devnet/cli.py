@@ -1,4 +1,4 @@
-"""`expledger devnet …`: the command line of the local devnet (node/cli.py hands its arguments here).
+"""`expledger devnet …`: the command line of the local devnet (`devnet.command` hands its arguments here).
 
 Errors are one line, `expledger: error: <code>: <message>`, like every other command. Exit status: 0
 success, 1 the devnet is not in a state that allows the command (already running, a node that did not
@@ -202,12 +202,16 @@ def cmd_demo(args: argparse.Namespace, path: Path) -> int:
 
 def _demo(devnet: Devnet) -> int:
     demo.run(devnet, say)
-    say("")
+    say(f"\n== {demo.STEPS + 1}. the devnet's nodes now (`devnet status`)")
     print_status(devnet.status())
-    command = _expledger()
+    command, home = _expledger(), devnet.nodes[0].home.path
     say(
         f"\nthe devnet keeps running in {devnet.path}. Next: `{command} devnet status`, "
         f"`{command} devnet logs node1`, `{command} devnet down --clean` (stops it and deletes its data)"
+    )
+    say(
+        f'query a node by its home: `{command} retrieve --home {home} "your question"`, or '
+        f"`export {HOME_ENV}={home}` and then `{command} list`, `{command} get ID`"
     )
     return 0
 

@@ -147,8 +147,9 @@ def wait_converged(nodes: list[NodeSpec], say: Callable[[str], None], timeout: f
         time.sleep(0.2)
 
 
-def wait_embedded(node: NodeSpec, say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> None:
-    """Wait until `node`'s retrieval model has embedded every live experience (status `retrieval.missing`).
+def wait_embedded(node: NodeSpec, say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> str:
+    """Wait until `node`'s retrieval model has embedded every live experience (status `retrieval.missing`);
+    the model's name.
 
     The daemon embeds new experiences on a background task, and a query ranks by the network's
     embedding those it has not reached yet: retrieval read before then answers with other scores
@@ -158,11 +159,15 @@ def wait_embedded(node: NodeSpec, say: Callable[[str], None], timeout: float = W
         retrieval = ask(node, "status")["retrieval"]
         if retrieval["missing"] == 0:
             say(f"  {node.name} ranks all {retrieval['live']} live experiences with {retrieval['model']}")
-            return
+            return retrieval["model"]
         if time.monotonic() - started > timeout:
             missing = retrieval["missing"]
             raise DevnetError("demo.timeout", f"{node.name} still lacks {missing} vectors after {timeout:.0f} s")
         time.sleep(0.2)
+
+
+#: the numbered steps `run` prints (== 1. to == 6.); the devnet CLI prints the status table as the next one
+STEPS = 6
 
 
 def run(devnet: Devnet, say: Callable[[str], None]) -> dict[str, Any]:
@@ -246,7 +251,13 @@ def run(devnet: Devnet, say: Callable[[str], None]) -> dict[str, Any]:
         f"\n== 5. retrieval on {reader.name} (the seed experience {library['near_duplicate']['of']} was submitted "
         f"through {receiver[library['near_duplicate']['of']].name})"
     )
-    wait_embedded(reader, say)
+    model = wait_embedded(reader, say)
+    if model != params.embedding_model:
+        say(
+            f"  why two embedders: every operation carries a WordLlama vector ({params.embedding_model}), the "
+            "network's consensus embedding, cheap enough for every node to re-check on every operation it receives; "
+            f"{model} is a better retrieval model that each node runs for itself to rank what a query finds"
+        )
     say(f"  problem: {problem}")
     hits = reader.client().call("retrieve", query=problem, k=RETRIEVE_K)
     say(render("retrieve", hits))

@@ -9,14 +9,15 @@ block is larger.
 
 Durability: a transaction's blocks are written and synced (`Appender.flush`) before the LevelDB write
 that holds their locators and the new end of the files (`END_KEY`), so the database never names a
-byte that is not on disk. A crash between the two leaves bytes past the recorded end: opening
-truncates them. Files shorter than the recorded end, or missing, are refused (the database names
-bytes that are gone). Every read checks the bytes against their CID, so a damaged file is found,
-never served.
+byte that is not on disk. A crash between the two, or a failed write, leaves bytes past the recorded
+end: opening (or the store's recovery after a failed write) truncates them (`BlockFiles.trim`). Files
+shorter than the recorded end, or missing, are refused (the database names bytes that are gone).
+Every read checks the bytes against their CID, so a damaged file is found, never served.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import struct
@@ -56,10 +57,11 @@ class BlockFiles:
         self._end = END.unpack(end) if end is not None else (0, 0)
         self._lock = threading.Lock()  # guards the descriptors of segments opened for reading
         self._readers: dict[int, int] = {}
-        self._trim()
+        self.trim()
 
-    def _trim(self) -> None:
-        """Cut what lies past the recorded end and refuse a segment that is missing or short of it."""
+    def trim(self) -> None:
+        """Cut what lies past the committed end (a crash or a failed append left it) and refuse a segment that is
+        missing or short of it."""
         last, length = self._end
         for entry in os.scandir(self._directory):
             number = _number(entry.name)
@@ -127,7 +129,8 @@ class Appender:
     """One transaction's new blocks: placed past the committed end, written by `flush`, kept by `committed`.
 
     Nothing reaches the files before `flush`; a transaction that never commits leaves them as they were, and
-    one whose database write fails leaves bytes past the recorded end, which the next appender overwrites.
+    one whose flush or database write fails leaves bytes past the recorded end, which the store cuts away
+    (`BlockFiles.trim`) before it takes writes again.
     """
 
     def __init__(self, files: BlockFiles) -> None:
@@ -135,6 +138,8 @@ class Appender:
         self._start = files._end
         self._segment, self._offset = files._end
         self._pending: list[tuple[int, int, bytes]] = []  # segment, offset, bytes
+        #: bytes placed and not yet committed (what the store checks against its free-space reserve)
+        self.size = 0
 
     def append(self, data: bytes) -> bytes:
         """Place `data` after everything before it; returns its locator."""
@@ -143,6 +148,7 @@ class Appender:
         locator = LOCATOR.pack(self._segment, self._offset, len(data))
         self._pending.append((self._segment, self._offset, data))
         self._offset += len(data)
+        self.size += len(data)
         return locator
 
     @property
@@ -163,7 +169,7 @@ class Appender:
             created |= not path.exists()
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
             try:
-                os.pwrite(fd, b"".join(data for _, data in pieces), pieces[0][0])  # contiguous within a segment
+                _write_all(fd, b"".join(data for _, data in pieces), pieces[0][0])  # contiguous within a segment
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
@@ -180,6 +186,18 @@ class Appender:
             raise RuntimeError("block files: another transaction committed since this one began")
         self._files._end = self._start = (self._segment, self._offset)
         self._pending = []
+        self.size = 0
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    """Write all of `data` at `offset`: on a nearly full disk pwrite writes what fits and returns a short count
+    (the next call raises ENOSPC), which a single call would leave unnoticed."""
+    left = memoryview(data)
+    while left:
+        written = os.pwrite(fd, left, offset)
+        if written == 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        left, offset = left[written:], offset + written
 
 
 def _number(name: str) -> int | None:

@@ -37,13 +37,11 @@ from ledger.params import NetworkParams
 from ledger.priority import NEVER
 from ledger.records import OpStatus
 from ledger.stateroot import StateRoot
-from ledger.store import (
+from ledger.store import ReadView, Store, Transaction
+from ledger.tables import (
     GENERATION,
     PENDING,
     STATE_ROOT,
-    ReadView,
-    Store,
-    Transaction,
     block_key,
     by_author_key,
     head_key,

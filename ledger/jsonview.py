@@ -155,7 +155,7 @@ def _field(obj: dict[str, Any], name: str, kind: type | tuple[type, ...], path: 
 def _unknown(obj: dict[str, Any], allowed: frozenset[str], path: str) -> None:
     extra = sorted(obj.keys() - allowed)
     if extra:
-        raise JsonViewError("json.unknown_field", f"{path}{extra[0]}: unknown field")
+        raise JsonViewError("json.unknown_field", f"{path}{extra[0][:100]}: unknown field")
 
 
 def experience_from_json(obj: Any, embedder: Embedder) -> Experience:

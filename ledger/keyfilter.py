@@ -41,18 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from ledger.neardup import BAND_KEY_SIZE
-from ledger.store import (
-    ABSORBS,
-    BLOCK,
-    BUCKET,
-    BUCKET_MARK,
-    COUNTED,
-    EXPERIENCE,
-    VOTES,
-    Snapshot,
-    bucket_mark_key,
-    write_file_atomically,
-)
+from ledger.store import Snapshot, write_file_atomically
+from ledger.tables import ABSORBS, BLOCK, BUCKET, BUCKET_MARK, COUNTED, EXPERIENCE, VOTES, bucket_mark_key
 
 log = logging.getLogger(__name__)
 

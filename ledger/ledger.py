@@ -43,20 +43,8 @@ from ledger.merkle import TreeHead, leaf_hash, root_of_leaf_hashes, stored_size
 from ledger.ops import load_stored
 from ledger.params import NetworkParams
 from ledger.priority import ReadPriority
-from ledger.store import (
-    NETWORK,
-    ORDER,
-    REBUILDING,
-    ReadView,
-    Store,
-    StoreError,
-    log_key,
-    merkle_node_key,
-    opmeta_key,
-    order_cid,
-    parse_ordered_key,
-    write_file_atomically,
-)
+from ledger.store import ReadView, Store, StoreError, Writability, write_file_atomically
+from ledger.tables import NETWORK, ORDER, REBUILDING, log_key, merkle_node_key, opmeta_key, order_cid, parse_ordered_key
 from ledger.validation import SignatureChecks, check_embeddings
 from ledger.view import LedgerView
 
@@ -152,11 +140,19 @@ class Ledger:
         self.key_filter_status = self.key_filter.open(self._filter_stamp(), covered_keys(opened))
 
     @classmethod
-    def open(cls, data_dir: Path, params: NetworkParams | None = None, embedder: Embedder | None = None) -> Ledger:
+    def open(
+        cls,
+        data_dir: Path,
+        params: NetworkParams | None = None,
+        embedder: Embedder | None = None,
+        *,
+        min_free_bytes: int = 0,
+    ) -> Ledger:
         """Open a data directory, creating it when it does not exist or is empty.
 
         An existing directory whose database is missing, corrupt or foreign is an error: a node
-        must never come up with a silently empty ledger.
+        must never come up with a silently empty ledger. Writes that would leave less than `min_free_bytes`
+        free are refused (`store.unwritable`, `Store.check_writable`).
         """
         data_dir = Path(data_dir)
         params = params or NetworkParams()
@@ -171,6 +167,7 @@ class Ledger:
             store = Store(data_dir / DB_DIR, create=True)
         else:
             store = Store(data_dir / DB_DIR, create=False)
+        store.min_free_bytes = min_free_bytes
         try:
             node_key = AuthorKey.load(data_dir / NODE_KEY)
         except LedgerError as exc:
@@ -203,12 +200,12 @@ class Ledger:
     def close(self) -> None:
         with self._write_lock:
             try:
-                self._record_high_water_mark()
+                _if_room("the high-water mark", self._record_high_water_mark)
                 with self._index_lock:
                     while self._backlog:
                         self._index_changed.wait()
-                    self._index.save()  # if this fails the next start rebuilds the index; the ledger is safe
-                self.key_filter.save(self._filter_stamp())  # likewise
+                    _if_room("the vector index", self._index.save)
+                _if_room("the key filter", lambda: self.key_filter.save(self._filter_stamp()))
             finally:
                 self.store.close()
 
@@ -330,6 +327,7 @@ class Ledger:
         """
         submissions = as_submissions(items, expected)
         with self._write_lock:
+            self.store.check_writable()  # before any work: refused under the reserve or after a failed write
             signatures = SignatureChecks(len(submissions), self.reads.pause)
             checked = triage(submissions, self.params, self.store, signatures, self.reads.pause)
             new = [item.block for item in checked if item.block is not None]
@@ -377,7 +375,7 @@ class Ledger:
         self._update_index(batch.fold)
         self._snapshot = self.store.snapshot()
         if time.monotonic() - self._marked_at >= _MARK_INTERVAL:  # after the commit: never ahead of the database
-            self._record_high_water_mark()
+            _if_room("the high-water mark", self._record_high_water_mark)
 
     def _latest(self) -> LedgerView:
         """The writer's view: what it last committed, which views may not show yet."""
@@ -480,6 +478,20 @@ class Ledger:
                 found = sorted(found, key=lambda item: (-item[1], item[0]))[:count]
         return [(CID(exp_id), score) for exp_id, score in found]
 
+    def writability(self) -> Writability:
+        """Whether the store takes writes, and its free space (any thread)."""
+        return self.store.writability()
+
+    def recover(self) -> bool:
+        """After a failed write, bring the store back and take writes again if there is room now; whether it
+        takes writes (the writer's own next write tries the same)."""
+        with self._write_lock:
+            try:
+                self.store.check_writable()
+            except StoreError:
+                return False
+            return True
+
     def pending_count(self) -> int:
         """How many stored operations wait for dependencies (as of the last commit)."""
         return self._state.pending
@@ -571,6 +583,16 @@ class Ledger:
             self.store.write({REBUILDING: None})
             self._snapshot = self.store.snapshot()
             self.rebuild_index("the library was rebuilt")
+
+
+def _if_room(what: str, write: Callable[[], None]) -> None:
+    """Write a file the ledger can do without for now: the mark after a commit or at close (it may trail the
+    database; a head handed out is always covered, `_keep_mark` raises instead), the vector index and the key filter
+    (the next start rebuilds what does not verify). A full disk leaves the older file, and the node goes on."""
+    try:
+        write()
+    except OSError as exc:
+        log.warning("cannot write %s (%s); the next start checks the older one", what, exc.strerror)
 
 
 def _check_network(store: Store, params: NetworkParams) -> list[str]:

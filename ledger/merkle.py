@@ -19,7 +19,8 @@ from typing import Any
 from ledger import codec
 from ledger.errors import LedgerError
 from ledger.keys import AuthorKey, IdentityError, verify_signature
-from ledger.store import LOG_SIZE, ReadView, StoreError, Transaction, log_key, merkle_node_key, seq_key, u64
+from ledger.store import ReadView, StoreError, Transaction
+from ledger.tables import LOG_SIZE, log_key, merkle_node_key, seq_key, u64
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 

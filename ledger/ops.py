@@ -192,7 +192,7 @@ def _require(rec: dict[str, Any], name: str, kind: type | tuple[type, ...], path
 def _only(rec: dict[str, Any], allowed: frozenset[str], path: str) -> None:
     extra = rec.keys() - allowed
     if extra:
-        raise SchemaError("schema.unknown_field", f"{path}{sorted(extra)[0]}: unknown field")
+        raise SchemaError("schema.unknown_field", f"{path}{sorted(extra)[0][:100]}: unknown field")
 
 
 def _list_of(values: list[Any], kind: type, path: str) -> tuple[Any, ...]:

@@ -157,6 +157,17 @@ class Retriever:
         domain_prefix: str | None = None,
     ) -> str:
         """The retrieval seed's prompt prefix, keeping the best experiences that fit in `budget` tokens."""
+        return self.injection(query, k, threshold, budget, domain_prefix)[0]
+
+    def injection(
+        self,
+        query: str,
+        k: int = DEFAULT_K,
+        threshold: float | None = None,
+        budget: int = DEFAULT_BUDGET,
+        domain_prefix: str | None = None,
+    ) -> tuple[str, list[Hit]]:
+        """`context`'s prompt and the hits it holds (those that fit in the budget): what a serve counts."""
         problem = f"---\n\n# Problem\n\n{query}"
         hits = self.retrieve(query, k, threshold, domain_prefix)
         items: list[str] = []
@@ -165,7 +176,9 @@ class Retriever:
             if count_tokens(_render(candidate, problem)) > budget:
                 break
             items = candidate
-        return _render(items, problem) if items else f"# Problem\n\n{query}"
+        if not items:
+            return f"# Problem\n\n{query}", []
+        return _render(items, problem), hits[: len(items)]
 
     def coverage(self, queries: Sequence[str], tau: float | None = None) -> float:
         """C(E, Q): the share of queries whose best experience scores above tau (retrieval seed §Coverage)."""

@@ -5,19 +5,23 @@ so the ingest pipeline can build on what it wrote earlier in the same batch; `co
 everything in one `WriteBatch(sync=True)`, so an acknowledged operation survives kill -9.
 Operation bytes live in append-only files inside the database directory (ledger/blockfile.py);
 the B table holds where: a transaction syncs its blocks before the write that names them.
+
+A write that fails (a full disk) stops writes until the store is back in its last good state
+(`Store.check_writable`): LevelDB may have left a torn record at the end of its log and would append
+the next writes after it, where its recovery at the next open stops; every acknowledged write after it
+was lost (issue 54). A free-space reserve refuses writes before the disk is full.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
+import errno
 import logging
 import os
-import struct
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import plyvel
 
@@ -26,9 +30,32 @@ from ledger.cid import CID_LENGTH
 from ledger.errors import LedgerError
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.priority import NEVER
-
-if TYPE_CHECKING:
-    from ledger.keyfilter import KeyFilter
+from ledger.tablelinks import TableLinks
+from ledger.tables import (
+    ABSORBS,
+    BLOCK,
+    BLOCKS_END,
+    BUCKET,
+    BY_TARGET,
+    COMPONENT_OP,
+    COUNTED,
+    FORMAT_KEY,
+    HEAD,
+    LISTED,
+    MEMBER,
+    META,
+    ORDER,
+    U64,
+    VOTES,
+    WAITER,
+    block_key,
+    bucket_key,
+    cid_of_key,
+    head_key,
+    opmeta_key,
+    order_cid,
+    prefix_end,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,39 +67,7 @@ FORMAT_BLOCKS_IN_TABLE = b"experience-ledger/store/2"
 #: format 3 keyed the hash buckets by band and order alone; opening such a database adds the anchors (format 4)
 FORMAT_BUCKETS_BY_ORDER = b"experience-ledger/store/3"
 
-# Table tags (the first byte of every key). Keys are built and parsed only by the functions
-# below, so no other module knows a layout. Owners: the log (merkle.py) L, S, N and the log size;
-# the ingest path B, K, P, W, A, H and the other META names; the library (library.py) X, D, V, O,
-# T, Y, R, C, G, Q, J, E, Z, U and META last_add (I names bucket marks, which only the key filter holds).
-META = b"M"  # M name -> value
-BLOCK = b"B"  # B cid -> where its operation bytes lie in the block files (blockfile.LOCATOR)
-SEQ = b"S"  # S cid -> u64 position in the local log
-LOG = b"L"  # L u64 -> cid
-NODE = b"N"  # N u8 level, u64 index -> hash of a perfect Merkle subtree (level 0: leaf hash)
-OPMETA = b"K"  # K cid -> u64 clock, u8 kind, u8 counts, parent and target cids (what causality needs)
-PENDING = b"P"  # P cid -> cids it still waits for
-WAITER = b"W"  # W dependency cid, waiting cid -> ""
-HEAD = b"H"  # H u64 (2^64 - 1 - clock), cid -> "" (applied operations no applied operation names as parent)
-BY_AUTHOR = b"A"  # A author did, 0x00, u64 seq -> cid
-BY_TARGET = b"T"  # T target cid, kind byte, order -> "" (applied operations naming a target, by kind)
-ORDER = b"O"  # O order (u64 clock, cid) -> "" (applied operations in canonical order)
-EXPERIENCE = b"X"  # X experience id -> experience record
-BY_DOMAIN = b"D"  # D domain path, 0x00, experience id -> "" (live experiences)
-STATUS = b"V"  # V cid -> what the fold made of that operation
-VOTES = b"Y"  # Y experience id, author did -> the author's latest vote naming that experience
-COUNTED = b"R"  # R root experience id, author did -> the author's vote that counts for that root
-COMPONENT = b"C"  # C experience id -> its component's id (experiences linked by absorption and merges, §7.5)
-MEMBER = b"G"  # G component id, experience id -> ""
-COMPONENT_OP = b"Q"  # Q component id, order -> kind byte (its operations other than votes, in fold order)
-ABSORBS = b"E"  # E add cid -> F, the add it is absorbed into (the earliest earlier near-duplicate sharing a band, §7.6)
-BUCKET = b"Z"  # Z band number, band hash, u64 anchor clock, order -> "" (locality-sensitive hash buckets of adds)
-BUCKET_MARK = b"I"  # I band number, band hash: the bucket holds an add (a key of the key filter alone, in no table)
-COMPONENT_SIZE = b"J"  # J component id -> u64 number of members
-VECTOR = b"F"  # F add cid -> its float16 embedding: written by earlier versions, deleted at open
-LISTED = b"U"  # U experience id, list tag, cid -> "" (a record's list of absorbed ids or deletes too long for it)
 
-U64 = struct.Struct(">Q")
-_MAX_U64 = (1 << 64) - 1
 #: the tables a transaction can scan with its own writes merged in (kept sorted per transaction)
 _SCANNABLE = frozenset(
     tag[0] for tag in (ORDER, BY_TARGET, WAITER, VOTES, HEAD, COUNTED, MEMBER, COMPONENT_OP, BUCKET, LISTED)
@@ -84,255 +79,16 @@ _GROUP_LENGTH = {BUCKET[0]: 1 + BAND_KEY_SIZE, LISTED[0]: 1 + CID_LENGTH}
 #: up to this many of a transaction's writes in a range, `Transaction.items` puts each into the stored pairs
 _FEW_WRITES = 64
 
-FORMAT_KEY = META + b"format"
-LOG_SIZE = META + b"log_size"
-STATE_ROOT = META + b"state_root"
-GENERATION = META + b"library_generation"  # bumped by every committed change to the library
-NETWORK = META + b"network"  # the network parameters the directory was created with
-LAST_ADD = META + b"last_add"  # the greatest order (clock, CID) of any add in the hash buckets
-REBUILDING = META + b"rebuilding"  # a library rebuild has begun and not ended: the next open starts it again
-BUCKETS_MARKED = META + b"buckets_marked"  # written beside the I table while it existed; dropped with it
-#: every record keeps at most `records.INLINE_LIST` ids per list itself (longer lists are in the U table)
-LISTS_OUTSIDE = META + b"lists_outside"
-BLOCKS_END = META + b"blocks_end"  # where the block files end, as of this write (blockfile.END)
 #: blocks moved into the block files (bucket keys rewritten) per synced write while a database is upgraded
 _UPGRADE_CHUNK = 100_000
 #: puts added to a write batch between two of the writer's pause points (~1 ms)
 _PUTS_BETWEEN_PAUSES = 1_000
-
-
-def u64(value: int) -> bytes:
-    return U64.pack(value)
-
-
-def read_u64(raw: bytes | None) -> int:
-    """A stored big-endian counter; absent counts as 0."""
-    return int.from_bytes(raw, "big") if raw else 0
-
-
-# --- key builders and parsers ---------------------------------------------------------------
-
-
-def block_key(cid: bytes) -> bytes:
-    return BLOCK + cid
-
-
-def seq_key(cid: bytes) -> bytes:
-    return SEQ + cid
-
-
-def log_key(position: int) -> bytes:
-    return LOG + u64(position)
-
-
-def merkle_node_key(level: int, index: int) -> bytes:
-    return NODE + bytes([level]) + u64(index)
-
-
-def opmeta_key(cid: bytes) -> bytes:
-    return OPMETA + cid
-
-
-def pending_key(cid: bytes) -> bytes:
-    return PENDING + cid
-
-
-def cid_of_key(key: bytes) -> bytes:
-    """The CID of a key made of a tag and one CID (B, S, K, P, X, V, ...)."""
-    return key[1:]
-
-
-def waiter_key(dependency: bytes, waiter: bytes) -> bytes:
-    return WAITER + dependency + waiter
-
-
-def waiter_prefix(dependency: bytes = b"") -> bytes:
-    return WAITER + dependency
-
-
-def parse_waiter_key(key: bytes) -> tuple[bytes, bytes]:
-    """(dependency, waiting operation)."""
-    return key[1 : 1 + CID_LENGTH], key[1 + CID_LENGTH :]
-
-
-def head_key(clock: int, cid: bytes) -> bytes:
-    """Heads scan newest first (ties by CID), so a new operation's parents are the first few keys, not a sort."""
-    return HEAD + u64(_MAX_U64 - clock) + cid
-
-
-def cid_of_head_key(key: bytes) -> bytes:
-    return key[1 + U64.size :]
-
-
-def by_author_prefix(author: str) -> bytes:
-    return BY_AUTHOR + author.encode() + b"\x00"
-
-
-def by_author_key(author: str, position: int) -> bytes:
-    return by_author_prefix(author) + u64(position)
-
-
-def order_key(clock: int, cid: bytes) -> bytes:
-    """Canonical fold order (clock, binary CID) as bytes that sort the same way."""
-    return u64(clock) + cid
-
-
-def order_cid(order: bytes) -> bytes:
-    return order[8:]
-
-
-def ordered_key(order: bytes) -> bytes:
-    return ORDER + order
-
-
-def parse_ordered_key(key: bytes) -> bytes:
-    """The order (clock, CID) of an ORDER key."""
-    return key[1:]
-
-
-def by_target_key(target: bytes, kind: bytes, order: bytes) -> bytes:
-    """`kind` is the one-byte kind of the operation naming `target`."""
-    return BY_TARGET + target + kind + order
-
-
-def by_target_prefix(target: bytes, kind: bytes = b"") -> bytes:
-    """Keys of the operations naming `target` (of one kind, if given)."""
-    return BY_TARGET + target + kind
-
-
-def parse_by_target_key(key: bytes) -> tuple[bytes, bytes]:
-    """(kind byte, order) of the operation naming the target."""
-    return key[1 + CID_LENGTH : 2 + CID_LENGTH], key[2 + CID_LENGTH :]
-
-
-def experience_key(exp_id: bytes) -> bytes:
-    return EXPERIENCE + exp_id
-
-
-def is_experience_key(key: bytes) -> bool:
-    return key[:1] == EXPERIENCE
-
-
-def by_domain_prefix(domain: str, *, subdomains: bool = False) -> bytes:
-    """Keys of experiences in exactly `domain`, or (subdomains) in the domains under it."""
-    return BY_DOMAIN + domain.encode() + (b"." if subdomains else b"\x00")
-
-
-def by_domain_key(domain: str, exp_id: bytes) -> bytes:
-    return by_domain_prefix(domain) + exp_id
-
-
-def parse_by_domain_key(key: bytes) -> bytes:
-    """The experience id of a BY_DOMAIN key."""
-    return key[-CID_LENGTH:]
-
-
-def status_key(cid: bytes) -> bytes:
-    return STATUS + cid
-
-
-def votes_prefix(exp_id: bytes) -> bytes:
-    return VOTES + exp_id
-
-
-def votes_key(exp_id: bytes, author: str) -> bytes:
-    return VOTES + exp_id + author.encode()
-
-
-def parse_votes_key(key: bytes) -> tuple[bytes, str]:
-    """(experience id, author did) of a VOTES or COUNTED key."""
-    return key[1 : 1 + CID_LENGTH], key[1 + CID_LENGTH :].decode()
-
-
-def counted_prefix(root: bytes) -> bytes:
-    return COUNTED + root
-
-
-def counted_key(root: bytes, author: str) -> bytes:
-    return COUNTED + root + author.encode()
-
-
-def component_key(exp_id: bytes) -> bytes:
-    return COMPONENT + exp_id
-
-
-def member_prefix(component: bytes) -> bytes:
-    return MEMBER + component
-
-
-def member_key(component: bytes, exp_id: bytes) -> bytes:
-    return MEMBER + component + exp_id
-
-
-def parse_member_key(key: bytes) -> bytes:
-    """The experience id of a MEMBER key."""
-    return key[1 + CID_LENGTH :]
-
-
-def component_op_prefix(component: bytes) -> bytes:
-    return COMPONENT_OP + component
-
-
-def component_op_key(component: bytes, order: bytes) -> bytes:
-    return COMPONENT_OP + component + order
-
-
-def parse_component_op_key(key: bytes) -> bytes:
-    """The order (clock, CID) of a COMPONENT_OP key."""
-    return key[1 + CID_LENGTH :]
-
-
-def absorbs_key(add: bytes) -> bytes:
-    return ABSORBS + add
-
-
-def listed_prefix(exp_id: bytes, tag: bytes = b"") -> bytes:
-    """`tag`: which of the record's lists (`records.ExperienceRecord.outside`); all of them if empty."""
-    return LISTED + exp_id + tag
-
-
-def listed_key(exp_id: bytes, entry: bytes) -> bytes:
-    """`entry`: a list's tag byte, then an id (`records.ExperienceRecord.outside`)."""
-    return LISTED + exp_id + entry
-
-
-def parse_listed_key(key: bytes) -> bytes:
-    """The id of a LISTED key."""
-    return key[2 + CID_LENGTH :]
-
-
-def component_size_key(component: bytes) -> bytes:
-    return COMPONENT_SIZE + component
-
-
-def bucket_prefix(band: bytes) -> bytes:
-    """`band` is a band key (band number and hash) from `ledger.neardup.band_keys`."""
-    return BUCKET + band
-
-
-def bucket_key(band: bytes, order: bytes, anchor: bytes) -> bytes:
-    """An add's key in the bucket `band`. `anchor` is the order of its F when it was indexed (its own if it had
-    none): a late add can take over only the adds whose F sorts after it, and F only ever moves earlier, so
-    the anchor's clock ahead of the order lets it skip the others by where it starts reading (PROTOCOL.md §7.6)."""
-    return BUCKET + band + anchor[:8] + order
-
-
-def bucket_mark_key(band: bytes) -> bytes:
-    return BUCKET_MARK + band
-
-
-def parse_bucket_key(key: bytes, band: bytes) -> bytes:
-    """The order (clock, CID) of an add in the bucket `band`."""
-    return key[1 + len(band) + 8 :]
-
-
-def join_cids(cids: list[bytes]) -> bytes:
-    """A list of binary CIDs as one value (what a pending operation still waits for)."""
-    return b"".join(cids)
-
-
-def split_cids(raw: bytes) -> list[bytes]:
-    return [raw[i : i + CID_LENGTH] for i in range(0, len(raw), CID_LENGTH)]
+#: a key no table uses: a synced delete of it shows that LevelDB takes writes again after a failed one
+_PROBE_KEY = META + b"probe"
+#: a key range that holds no key (every key starts with a table's letter): compacting it makes LevelDB write its
+#: memtable into a table and start a new log, without rewriting any table
+_NO_KEYS = (b"\x00", b"\x00\x00")
+_MB = 1 << 20
 
 
 class ReadView(Protocol):
@@ -345,14 +101,68 @@ class ReadView(Protocol):
     def scan(self, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]: ...
 
 
+class StoredKeys(Protocol):
+    """What the store asks of the filter of its stored keys (`ledger.keyfilter.KeyFilter`, which the ledger attaches):
+    the filter reads the store's tables, so the store names only this, and the modules import one way."""
+
+    def may_hold(self, key: bytes) -> bool: ...
+
+    def add(self, key: bytes) -> None: ...
+
+    def add_all(self, keys: Sequence[bytes]) -> list[bool]: ...
+
+    def close(self) -> None: ...
+
+
 class StoreError(LedgerError):
     """A data directory that cannot be used: missing, corrupt, or not ours. Never an empty ledger instead."""
 
 
-def prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key that starts with `prefix`."""
-    trimmed = prefix.rstrip(b"\xff")
-    return trimmed[:-1] + bytes([trimmed[-1] + 1]) if trimmed else b"\xff" * (len(prefix) + 1)
+@dataclass(frozen=True, slots=True)
+class Writability:
+    """Whether the store takes writes and the free space it has: what a node's `status` shows."""
+
+    #: "ok"; "reserve": free space under the reserve, writes refused until space is freed; "stopped": a write
+    #: failed, writes refused until the store is recovered (once there is room: `Store.check_writable`)
+    state: str
+    free_bytes: int
+    min_free_bytes: int
+    #: why writes are refused (None when they are not)
+    reason: str | None = None
+
+    @property
+    def writable(self) -> bool:
+        return self.state == "ok"
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "writable": self.writable,
+            "state": self.state,
+            "free_bytes": self.free_bytes,
+            "min_free_bytes": self.min_free_bytes,
+            "reason": self.reason,
+        }
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / _MB:.1f} MB"
+
+
+def _condition(exc: Exception) -> str:
+    """What went wrong, without paths or reprs (`[Errno 28] No space left on device: '/x'` and
+    `b'IO error: /x/000006.log: No space left on device'` both give `no space left on device`)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        text = exc.strerror
+    else:
+        raw = exc.args[0] if exc.args else ""
+        text = (raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)).rsplit(": ", 1)[-1]
+    return text[:1].lower() + text[1:] if text else type(exc).__name__
+
+
+def _free_bytes(path: Path) -> int:
+    """Free space on `path`'s file system for an unprivileged process."""
+    stats = os.statvfs(path)
+    return stats.f_bavail * stats.f_frsize
 
 
 def write_file_atomically(path: Path, data: bytes) -> None:
@@ -363,90 +173,15 @@ def write_file_atomically(path: Path, data: bytes) -> None:
     temporary = path.with_name(path.name + ".tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        if os.write(fd, data) != len(data):  # a short write: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(temporary))
         os.fsync(fd)
+    except OSError:
+        temporary.unlink(missing_ok=True)  # a full disk: nothing half-written stays behind
+        raise
     finally:
         os.close(fd)
     os.replace(temporary, path)
-
-
-#: the subdirectory of the database holding a second link to each table file (LevelDB ignores names it did not make)
-TABLE_LINKS = "links"
-#: seconds between two passes of the table links (a table deleted within a pass of its creation is freed slowly)
-_LINK_INTERVAL = 0.1
-
-
-class TableLinks:
-    """A second hard link to every LevelDB table file, dropped once LevelDB has deleted its own.
-
-    LevelDB 1.22 (plyvel's wheels) deletes the tables a compaction replaced while it holds the
-    database mutex, which every read and write takes. Unlinking a table of 8 MB frees its cached
-    pages: ~0.8 ms on an idle machine, 7-8 ms each while ingesting at 1M operations, and a
-    compaction deletes 4-12 tables, so reads and writes stalled for 20-60 ms at a time (once
-    941 ms). With a second link LevelDB's unlink removes only a name (~7 us); this thread frees
-    the table afterwards, outside the mutex.
-    """
-
-    def __init__(self, database: Path, interval: float = _LINK_INTERVAL) -> None:
-        self._database = database
-        self._links = database / TABLE_LINKS
-        self._interval = interval
-        self._stop = threading.Event()
-        self._linking = True  # until the file system refuses a hard link
-        self._thread = threading.Thread(target=self._run, name="ledger-table-links", daemon=True)
-        try:
-            self._links.mkdir(mode=0o700, exist_ok=True)
-            self._drop_copies()
-            self.sweep()  # and the links of tables deleted while the node was down
-        except OSError as exc:
-            log.warning("cannot keep LevelDB table links in %s (%s); compactions will stall reads", self._links, exc)
-            return
-        self._thread.start()
-
-    def _drop_copies(self) -> None:
-        """A data directory copied without its hard links holds copies: they would never be freed."""
-        for entry in os.scandir(self._links):
-            if entry.stat().st_nlink == 1:
-                os.unlink(entry.path)
-
-    def sweep(self) -> None:
-        """One pass: free the links whose table LevelDB deleted, then link the tables that have none.
-
-        LevelDB never reuses a table's name, so a link whose name is not in the database is one to free.
-        """
-        tables = {entry.name for entry in os.scandir(self._database) if entry.name.endswith(".ldb")}
-        linked = {entry.name for entry in os.scandir(self._links)}
-        for name in linked - tables:
-            with contextlib.suppress(FileNotFoundError):  # a test's pass may race the thread's
-                os.unlink(self._links / name)
-        if self._linking:
-            for name in tables - linked:
-                self._link(name)
-
-    def _link(self, name: str) -> None:
-        try:
-            os.link(self._database / name, self._links / name)
-        except (FileNotFoundError, FileExistsError):
-            pass  # deleted by a compaction meanwhile, or linked by a test's pass
-        except OSError as exc:  # a file system without hard links: LevelDB deletes the slow way
-            log.warning("cannot hard-link LevelDB tables (%s); compactions will stall reads while they delete", exc)
-            self._linking = False
-
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.sweep()
-            except OSError:  # the links directory went away, say: stop (the next start frees what is left)
-                log.exception("keeping LevelDB table links failed; LevelDB deletes tables the slow way from now on")
-                return
-
-    def close(self) -> None:
-        """Stop, then free what the database deleted last (call after closing the database)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-            self._linking = False
-            self.sweep()
 
 
 class Store:
@@ -455,7 +190,17 @@ class Store:
     def __init__(self, path: Path, *, create: bool) -> None:
         self.path = path
         #: answers most gets of keys that are not stored without LevelDB (ledger/keyfilter.py); the ledger attaches it
-        self.key_filter: KeyFilter | None = None
+        self.key_filter: StoredKeys | None = None
+        #: writes that would leave less free space than this are refused (`store.unwritable`): before LevelDB
+        #: meets a full disk (geth's --datadir.minfreedisk); the node sets it from `[store] min_free_mb`
+        self.min_free_bytes = 0
+        #: why writes are stopped after a failed one (None: they are not); set and cleared by the writer alone
+        self._failure: str | None = None
+        #: the newest LevelDB log when a write failed: the store recovers once LevelDB writes a newer one
+        self._failed_log = 0
+        #: False once recovering failed with room to do it: LevelDB refuses writes until the node restarts
+        self._recoverable = True
+        self._refusing = False  # the last write was refused for the reserve (logged once, not per write)
         if not create and not (path / "CURRENT").exists():
             raise StoreError(
                 "store.missing",
@@ -479,6 +224,14 @@ class Store:
             )
         except plyvel.CorruptionError as exc:
             raise StoreError("store.corrupt", f"{path}: the ledger database is corrupt ({exc})") from None
+        except plyvel.IOError as exc:
+            if _condition(exc) == "no space left on device":  # LevelDB writes the log it recovers into a table
+                raise StoreError(
+                    "store.unwritable",
+                    f"{path}: no space left to open the ledger database ({_megabytes(_free_bytes(path))} free); "
+                    "free some space and start again",
+                ) from None
+            raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
         except plyvel.Error as exc:
             raise StoreError("store.open", f"{path}: cannot open the ledger database ({exc})") from None
         if self.get(FORMAT_KEY) is None and (create or next(self.scan(b""), None) is None):
@@ -672,6 +425,7 @@ class Store:
 
     def write(self, puts: dict[bytes, bytes | None]) -> None:
         """Apply puts (None deletes) atomically and durably."""
+        self.check_writable()
         if self.key_filter is not None:  # before the write: no reader is ever told a stored key is absent
             for key, value in puts.items():
                 if value is not None:
@@ -684,14 +438,124 @@ class Store:
         Building a batch's write holds the GIL throughout (~25,000 puts at 1M operations, ~30 ms of the
         ~185 ms the writer went on without a pause point after its last component): reads go first here too.
         """
-        with self._db.write_batch(transaction=True, sync=True) as batch:  # an error midway writes nothing
-            for done, (key, value) in enumerate(puts.items()):
-                if done % _PUTS_BETWEEN_PAUSES == 0:
-                    pause()
-                if value is None:
-                    batch.delete(key)
-                else:
-                    batch.put(key, value)
+        try:
+            with self._db.write_batch(transaction=True, sync=True) as batch:  # an error building it writes nothing
+                for done, (key, value) in enumerate(puts.items()):
+                    if done % _PUTS_BETWEEN_PAUSES == 0:
+                        pause()
+                    if value is None:
+                        batch.delete(key)
+                    else:
+                        batch.put(key, value)
+        except plyvel.Error as exc:  # the write itself failed: its record in the log may be torn
+            raise self._write_failed(exc, "the database") from None
+
+    # --- free space and failed writes -------------------------------------------------------------
+
+    def free_bytes(self) -> int:
+        """Free space on the database's file system (one statvfs, a few microseconds)."""
+        return _free_bytes(self.path)
+
+    def writability(self) -> Writability:
+        free = self.free_bytes()
+        if self._failure is not None:
+            return Writability("stopped", free, self.min_free_bytes, self._failure)
+        if self._refusing or free < self.min_free_bytes:  # refusing: the last write would have gone under it
+            return Writability("reserve", free, self.min_free_bytes, "free space is under the reserve")
+        return Writability("ok", free, self.min_free_bytes)
+
+    def check_writable(self, incoming: int = 0) -> None:
+        """Refuse (`store.unwritable`) a write of about `incoming` bytes that the store cannot take safely: one
+        that would leave less free space than the reserve, or any after a failed write until `_recover` has
+        brought the store back to its last good state (tried here, so the next write after space is freed
+        resumes)."""
+        if self._failure is not None:
+            self._recover()
+        free = self.free_bytes()
+        # a reserve of 0 refuses nothing: a write may meet the full disk, and fails and recovers like any other
+        if self.min_free_bytes and free - incoming < self.min_free_bytes:
+            if not self._refusing:
+                log.warning(
+                    "%s: %s free, under the reserve of %s ([store] min_free_mb): refusing writes until space is freed",
+                    self.path,
+                    _megabytes(free),
+                    _megabytes(self.min_free_bytes),
+                )
+                self._refusing = True
+            raise StoreError(
+                "store.unwritable",
+                f"the store takes no writes: {_megabytes(free)} free, under the reserve of "
+                f"{_megabytes(self.min_free_bytes)}; writes resume once space is freed, reads go on",
+            )
+        if self._refusing:
+            log.warning("%s: %s free: taking writes again", self.path, _megabytes(free))
+            self._refusing = False
+
+    def _write_failed(self, exc: Exception, what: str) -> StoreError:
+        """Stop writes after a failed one; the error for the client names the condition, the log the details."""
+        condition = _condition(exc)
+        log.error("%s: a write to %s failed (%s); writes stop until the store is recovered", self.path, what, exc)
+        self._failure = f"a write to {what} failed: {condition}"
+        self._failed_log = self._newest_log()
+        return StoreError(
+            "store.unwritable",
+            f"the write failed ({condition}), nothing of it was kept; writes stop until the store recovers "
+            f"({_megabytes(self.free_bytes())} free), reads go on",
+        )
+
+    def _recover(self) -> None:
+        """Bring the store back to its last good state after a failed write, once there is room for it.
+
+        A LevelDB write that fails midway (ENOSPC) leaves a torn record at the end of its log, and LevelDB
+        appends the next writes after it; at the next open its recovery stops at the torn record (a checksum
+        mismatch) and loses them all. The memtable holds exactly the writes that succeeded: compacting an empty
+        range writes it into a table and starts a new log, and the old one is deleted (a crash before that
+        reopens it, and LevelDB drops a torn record at a log's end cleanly). A synced write then shows that
+        LevelDB takes writes again (after a failed sync or compaction it refuses them all until reopened: the
+        store stays stopped, and a restart recovers it). Block bytes past the committed end are cut away.
+        """
+        if not self._recoverable:
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
+        free, log_bytes = self.free_bytes(), self._log_bytes()
+        needed = self.min_free_bytes + log_bytes  # the memtable becomes a table about the size of the log
+        if free < needed:
+            raise StoreError(
+                "store.unwritable",
+                f"the store takes no writes after a failed one ({self._failure}): {_megabytes(free)} free, "
+                f"recovering needs {_megabytes(needed)}; reads go on",
+            )
+        try:
+            self._db.compact_range(start=_NO_KEYS[0], stop=_NO_KEYS[1])
+            rotated = self._newest_log() > self._failed_log
+            if rotated:  # never a write into the torn log
+                self._db.delete(_PROBE_KEY, sync=True)
+                self.blocks.trim()
+        except (plyvel.Error, OSError) as exc:
+            problem: str | None = _condition(exc)
+        else:
+            problem = None if rotated else "LevelDB did not start a new log"
+        if problem is not None:
+            log.error("%s: recovering from the failed write failed (%s); a restart recovers it", self.path, problem)
+            self._recoverable = False
+            self._failure = f"{self._failure}; recovering failed ({problem}): restart the node"
+            raise StoreError("store.unwritable", f"the store takes no writes ({self._failure}); reads go on")
+        log.warning("%s: recovered from the failed write (%s): taking writes again", self.path, self._failure)
+        self._failure = None
+
+    def _log_files(self) -> list[tuple[int, int]]:
+        """LevelDB's write-ahead logs: (number, size) each."""
+        found = []
+        for entry in os.scandir(self.path):
+            stem, _, suffix = entry.name.partition(".")
+            if suffix == "log" and stem.isdigit():
+                found.append((int(stem), entry.stat().st_size))
+        return found
+
+    def _newest_log(self) -> int:
+        return max((number for number, _ in self._log_files()), default=0)
+
+    def _log_bytes(self) -> int:
+        return sum(size for _, size in self._log_files())
 
     def close(self) -> None:
         if self.key_filter is not None:
@@ -844,12 +708,14 @@ class Transaction:
 
     def commit(self, pause: Callable[[], None] = NEVER.pause) -> None:
         """Sync the new blocks, then write everything that names them (and the files' new end) in one write
-        (`pause()` between groups of puts: reads go first)."""
+        (`pause()` between groups of puts: reads go first). Refused (`store.unwritable`) under the free-space
+        reserve or after a failed write (`Store.check_writable`)."""
+        self._store.check_writable(self._appender.size)
         if self._blocks:
             try:
                 self._appender.flush()
-            except OSError as exc:
-                raise StoreError("store.write", f"{self._store.path}: writing block files failed ({exc})") from None
+            except OSError as exc:  # a torn append past the committed end: cut away before writes resume
+                raise self._store._write_failed(exc, "the block files") from None
             self.put(BLOCKS_END, self._appender.end)
         self._store._apply(self._writes, pause)  # every key of it is in the key filter since its put
         if self._blocks:

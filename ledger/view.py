@@ -18,7 +18,8 @@ from ledger.merkle import MerkleLog, ProofError, TreeHead
 from ledger.ops import Block, Experience, Kind, load_stored
 from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
 from ledger.stateroot import StateRoot
-from ledger.store import (
+from ledger.store import ReadView, StoreError
+from ledger.tables import (
     BLOCK,
     GENERATION,
     HEAD,
@@ -27,8 +28,6 @@ from ledger.store import (
     PENDING,
     STATE_ROOT,
     WAITER,
-    ReadView,
-    StoreError,
     block_key,
     by_author_prefix,
     cid_of_head_key,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import importlib.metadata
+import logging
 import math
 import re
 import time
@@ -18,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ledger.audit import audit as audit_view
+from ledger.audit import every
 from ledger.cid import CID, CIDError
 from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Submission, Verdict
@@ -30,25 +33,33 @@ from ledger.retrieval import DEFAULT_BUDGET, DEFAULT_K, INLINE_EMBED, Hit
 from ledger.view import LedgerView
 from node.jsonrpc import (
     BUSY,
+    ECHO_CHARS,
     INTERNAL_ERROR,
     INVALID_PARAMS,
     NOT_FOUND,
     REJECTED,
     STOPPING,
     UNAVAILABLE,
+    UNWRITABLE,
     Dispatcher,
     RpcError,
+    clip,
     invalid_params,
 )
-from node.service import Busy, IngestFailed, Node, Stopping
+from node.service import STORE_UNWRITABLE, Busy, IngestFailed, Node, Stopping
+from node.usage import Usage, UsageError, UsageStats
 
 if TYPE_CHECKING:
     from p2p.service import P2PNode
 
+log = logging.getLogger("expledger.api")
 VERSION = importlib.metadata.version("experience-ledger")
+#: seconds between the progress lines an audit logs
+AUDIT_PROGRESS_SECONDS = 10.0
 MAX_QUERY_CHARS = 10_000
 MAX_QUERIES = 1_000
 MAX_LIST = 1_000
+MAX_TOP = 1_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -71,7 +82,7 @@ def _integer(value: Any, field: str, low: int, high: int) -> int:
     if type(value) is not int:
         raise invalid_params(field, f"expected an integer, got {_type(value)}")
     if not low <= value <= high:
-        raise invalid_params(field, f"{value} is outside {low}..{high}", "params.range")
+        raise invalid_params(field, f"{clip(str(value))} is outside {low}..{high}", "params.range")
     return value
 
 
@@ -90,7 +101,7 @@ def _boolean(value: Any, field: str) -> bool:
 
 
 def _cid(value: Any, field: str) -> CID:
-    text = _text(value, field, limit=200)
+    text = _text(value, field, limit=ECHO_CHARS)  # a CID is 59 characters; a longer one is refused unquoted
     try:
         return CID.parse(text, field=field)
     except CIDError as exc:
@@ -141,11 +152,19 @@ def hit_json(hit: Hit) -> dict[str, Any]:
     }
 
 
-def _experience_view(view: LedgerView, record: ExperienceRecord, embedding: bool) -> dict[str, Any]:
+def _experience_view(view: LedgerView, record: ExperienceRecord, embedding: bool, usage: Usage) -> dict[str, Any]:
     block = view.block(record.version)
     assert block is not None
     proof = view.inclusion_proof(record.version)
-    shown = experience_json(record.id, block.op, upvotes=record.up, downvotes=record.down, merkle_proof=proof)
+    shown = experience_json(
+        record.id,
+        block.op,
+        upvotes=record.up,
+        downvotes=record.down,
+        usage_count=usage.count,
+        domains_applied=tuple(usage.domains_applied),
+        merkle_proof=proof,
+    )
     if not embedding:
         shown["embedding"]["values"] = (
             f"{len(shown['embedding']['values'])} float16 values (embedding: true shows them)"
@@ -198,9 +217,28 @@ def _content_json(content: Experience) -> dict[str, Any]:
 # --- the methods --------------------------------------------------------------------------------------
 
 
-def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None) -> None:
-    """Register every method of docs/RPC.md on `rpc`; `network` is None for a node without p2p."""
+async def record_usage(node: Node, usage: UsageStats, hits: list[Hit], how: str, domain: str | None) -> None:
+    """Count a serve; if the counts cannot be written (a full disk), the serve goes on: they are not the ledger."""
+    try:
+        await node.read(usage.record, [(hit.id, hit.domain) for hit in hits], how, domain)
+    except UsageError as exc:
+        log.warning("%s: %s", exc.code, exc.message)
+
+
+def register(
+    rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | None = None, usage: UsageStats | None = None
+) -> None:
+    """Register every method of docs/RPC.md on `rpc`; `network` is None for a node without p2p, `usage` None for
+    a node that does not count serves (node/usage.py)."""
     ledger, params = node.ledger, node.ledger.params
+
+    def usage_of(exp_id: CID) -> Usage:
+        return usage.of(exp_id) if usage is not None else Usage()
+
+    async def served(hits: list[Hit], how: str, domain: str | None) -> None:
+        """Count a serve (synced to disk before the answer goes out: a count a client saw survives kill -9)."""
+        if usage is not None and hits:
+            await record_usage(node, usage, hits, how, domain)
 
     async def submit_block(data: bytes) -> dict[str, Any]:
         try:
@@ -210,7 +248,11 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
         except Stopping as exc:
             raise RpcError(STOPPING, str(exc), {"code": "node.stopping"}) from None
         except IngestFailed as exc:
-            raise RpcError(INTERNAL_ERROR, f"the write failed: {exc}", {"code": "ingest.failed"}) from None
+            if exc.code == STORE_UNWRITABLE:
+                store = await node.read(ledger.writability)
+                data = {"code": exc.code, "free_bytes": store.free_bytes, "min_free_bytes": store.min_free_bytes}
+                raise RpcError(UNWRITABLE, str(exc), data) from None
+            raise RpcError(INTERNAL_ERROR, str(exc), {"code": exc.code}) from None
         if receipt.verdict is Verdict.REJECTED:
             first = receipt.errors[0]
             raise RpcError(
@@ -268,7 +310,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
             elif encoding == "base64":
                 data = base64.b64decode(text, validate=True)
             else:
-                raise invalid_params("encoding", f"{encoding!r} is not 'hex' or 'base64'", "params.range")
+                raise invalid_params("encoding", f"{clip(repr(encoding))} is not 'hex' or 'base64'", "params.range")
         except (ValueError, binascii.Error):
             raise invalid_params("operation", f"not valid {encoding}", "params.encoding") from None
         return await submit_block(data)
@@ -334,7 +376,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
 
         def read() -> dict[str, Any]:
             view = ledger.view()
-            return _experience_view(view, existing(view, exp_id, "id"), full)
+            return _experience_view(view, existing(view, exp_id, "id"), full, usage_of(exp_id))
 
         return await node.read(read)
 
@@ -371,7 +413,10 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
                 if len(found) == count:
                     more = True
                     break
-                found.append(record.to_json())
+                counted = usage_of(record.id)
+                found.append(
+                    {**record.to_json(), "usage_count": counted.count, "domains_applied": counted.domains_applied}
+                )
             return {"experiences": found, "next_cursor": found[-1]["id"] if more else None}
 
         return await node.read(read)
@@ -401,6 +446,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
         started = time.perf_counter()
         hits = await node.read(node.retriever.retrieve, *args)
         node.metrics.retrieval_seconds.observe(time.perf_counter() - started)
+        await served(hits, "retrieve", args[3])
         return {"hits": [hit_json(hit) for hit in hits]}
 
     @rpc.method("context")
@@ -409,8 +455,32 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
     ) -> dict[str, Any]:
         question, count, floor, prefix = retrieval_args(query, k, threshold, domain)
         tokens = _integer(budget, "budget", 16, 1 << 20)
-        prompt = await node.read(node.retriever.context, question, count, floor, tokens, prefix)
+        prompt, hits = await node.read(node.retriever.injection, question, count, floor, tokens, prefix)
+        await served(hits, "context", prefix)
         return {"prompt": prompt}
+
+    @rpc.method("usage")
+    async def usage_method(id: Any = None, limit: Any = 20) -> dict[str, Any]:
+        exp_id = _optional(id, _cid, "id")
+        count = _integer(limit, "limit", 1, MAX_TOP)
+
+        def read() -> dict[str, Any]:
+            view = ledger.view()
+            if exp_id is not None:
+                ranked = [(exp_id, usage_of(existing(view, exp_id, "id").id))]
+            else:
+                ranked = usage.top(count) if usage is not None else []
+            found = []
+            for served_id, counted in ranked:
+                record = view.experience(served_id)
+                shown: dict[str, Any] = {"id": str(served_id), "status": None, "domain": None, "text": None}
+                if record is not None:  # a count outlives the ledger's data if that was reset
+                    shown |= {"status": record.status.value, "domain": record.domain}
+                    shown["text"] = view.content(record.version).text
+                found.append({**shown, **counted.to_json()})
+            return {"experiences": found, "tracked": len(usage) if usage is not None else 0}
+
+        return await node.read(read)
 
     @rpc.method("coverage")
     async def coverage(queries: Any, tau: Any = None) -> dict[str, Any]:
@@ -460,6 +530,20 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
 
         return await node.read(read)
 
+    auditing = trio.Lock()
+
+    @rpc.method("audit")
+    async def audit() -> dict[str, Any]:
+        """Fold the log again with the reference fold and compare it with the library, on a reader thread: one at a
+        time (it holds every operation in memory), on the state committed when it starts."""
+        if auditing.locked():
+            raise RpcError(BUSY, "an audit is running; retry when it ends", {"code": "audit.busy"})
+        async with auditing:
+            progress = every(AUDIT_PROGRESS_SECONDS, log.info)
+            result = await node.read(lambda: audit_view(ledger.view(), params, progress))
+        log.info("audit: %s", result.line())
+        return result.to_json()
+
     def retrieval_status() -> dict[str, Any]:
         local = node.retriever.local
         if local is None:
@@ -487,6 +571,7 @@ def register(rpc: Dispatcher, node: Node, stop: trio.Event, network: P2PNode | N
                 "index": {"status": ledger.index_status, "indexed": live},
                 "retrieval": retrieval_status(),
                 "ingest_queue": node.queued(),
+                "store": ledger.writability().to_json(),
                 "uptime_seconds": round(time.time() - node.started, 3),
             }
 
@@ -522,13 +607,19 @@ def register_network(rpc: Dispatcher, network: P2PNode) -> None:
         try:
             parse_peer_addr(text)
         except LedgerError as exc:
-            raise invalid_params("addr", exc.message, exc.code) from None
+            log.info("peers.connect: %s", exc.message)
+            raise invalid_params("addr", f"{clip(text)} is not a multiaddr ending in /p2p/PEERID", exc.code) from None
         try:
             peer_id = await network.connect(text)
+        except LedgerError as exc:  # this node itself: p2p.self_dial
+            raise invalid_params("addr", exc.message.removeprefix("addr: "), exc.code) from None
         except trio.TooSlowError:
-            raise RpcError(UNAVAILABLE, f"{text}: no answer within the dial timeout", {"code": "p2p.dial"}) from None
+            message = f"{clip(text)}: no answer within the dial timeout"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         except Exception as exc:  # libp2p raises many types for a failed dial
-            raise RpcError(UNAVAILABLE, f"{text}: cannot connect ({exc})", {"code": "p2p.dial"}) from None
+            log.info("peers.connect: dialling %s failed: %r", text, exc)
+            message = f"{clip(text)}: cannot connect (the node's log says why)"
+            raise RpcError(UNAVAILABLE, message, {"code": "p2p.dial"}) from None
         return {"peer_id": str(peer_id), "connected": True}
 
     @rpc.method("peers.disconnect")

@@ -1,7 +1,8 @@
 """`expledger`: the command line. A node (`init`, `daemon`), its RPC client (`status`, `add`, `get`, ...),
-and offline tools (`keygen`, `op new`, `op inspect`).
+and offline tools (`keygen`, `op new`, `op inspect`, `audit --ledger`).
 
-Every failure is one line on stderr, `expledger: error: <code>: <message>`, with a stable exit status:
+Every failure is one line on stderr, `expledger: error: <code>: <message>` (at times followed by an
+`expledger: hint: …` line), with a stable exit status:
 0 success (or a valid operation), 1 an invalid operation or an error the node answered, 2 bad
 arguments or unusable input, 3 no daemon answers on the home.
 """
@@ -9,6 +10,7 @@ arguments or unusable input, 3 no daemon answers on the home.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -16,8 +18,9 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from ledger.cid import CID, CIDError
 from ledger.embedder import embedder_for
@@ -28,12 +31,19 @@ from ledger.ops import Block, Kind, Operation, sign
 from ledger.params import NetworkParams
 from ledger.validation import check_embeddings, examine
 from node import client
-from node.config import HOME_ENV, default_home
+from node.config import HOME_ENV, NETWORK_FILE, default_home
 from node.dso import cli as dso_cli
 from node.home import Home
 
+if TYPE_CHECKING:
+    from ledger.audit import AuditResult
+
 EXIT_INVALID = 1
 EXIT_USAGE = 2
+#: seconds `audit` waits for a running node's answer: it folds the whole log again (~40 s per 100k operations)
+AUDIT_TIMEOUT = 3600.0
+#: seconds between the progress lines `audit --ledger` writes when stderr is not a terminal
+AUDIT_PROGRESS_SECONDS = 5.0
 
 #: flags that carry text into an operation: argv holds raw bytes, and Python hands bytes that are
 #: not UTF-8 over as lone surrogates (U+DC80-U+DCFF), which no operation can carry
@@ -405,6 +415,68 @@ def cmd_op_inspect(args: argparse.Namespace, params: NetworkParams) -> int:
     return 0 if not errors else EXIT_INVALID
 
 
+def cmd_audit(args: argparse.Namespace, network: NetworkParams | None) -> int:
+    """Compare a node's library with the reference fold of PROTOCOL §7: one line, exit 0 when they match, 1 at the
+    first difference (naming the experience and how). `--ledger`: a stopped node's data directory; else the
+    running daemon of `--home` audits itself."""
+    if args.ledger is None:
+        try:
+            answer = client.Client(Home(args.home), timeout=AUDIT_TIMEOUT).call("audit")
+        except client.DaemonUnavailable as exc:
+            _emit(f"expledger: error: {exc.code}: {exc.message} (a stopped node: audit --ledger DIR)", sys.stderr)
+            return client.EXIT_UNAVAILABLE
+        except client.RpcFailed as exc:
+            _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
+            return EXIT_INVALID
+        _emit(json.dumps(answer, indent=2) if args.json else answer["message"])
+        return 0 if answer["matches"] else EXIT_INVALID
+    result = _audit_data_dir(Path(args.ledger), network)
+    _emit(json.dumps(result.to_json(), indent=2) if args.json else result.line())
+    return 0 if result.matches else EXIT_INVALID
+
+
+def _audit_data_dir(path: Path, network: NetworkParams | None) -> AuditResult:
+    """Audit a data directory no daemon holds, under the network's parameters: `--network`, else those of the home
+    it lies in, else the defaults (a directory of another network is refused)."""
+    from ledger.audit import audit as audit_view
+    from ledger.ledger import DB_DIR, Ledger
+    from ledger.store import StoreError
+
+    if not (path / DB_DIR).is_dir():
+        raise UsageError("args.ledger", f"--ledger {path}: not a node's data directory (no {DB_DIR} in it)")
+    if network is None:
+        home_network = path.parent / NETWORK_FILE
+        network = NetworkParams.from_file(home_network) if home_network.is_file() else NetworkParams()
+    try:
+        ledger = Ledger.open(path, network)
+    except StoreError as exc:
+        if exc.code == "store.open" and "lock" in exc.message:
+            raise UsageError(
+                "ledger.in_use",
+                f"--ledger {path}: a running node holds this data directory; ask it to audit itself: "
+                f"expledger audit --home HOME (without --ledger)",
+            ) from None
+        raise
+    try:
+        return audit_view(ledger.view(), network, _audit_progress())
+    finally:
+        ledger.close()
+
+
+def _audit_progress() -> Callable[[str, int, int], None]:
+    """Progress on stderr: one line rewritten in place on a terminal, a line every few seconds otherwise."""
+    from ledger.audit import every
+
+    if not sys.stderr.isatty():
+        return every(AUDIT_PROGRESS_SECONDS, lambda line: _emit(line, sys.stderr))
+
+    def show(stage: str, done: int, of: int) -> None:
+        sys.stderr.write(f"\r\033[Kaudit: {stage} {done} of {of}" + ("\n" if done == of else ""))
+        sys.stderr.flush()
+
+    return show
+
+
 def _vote_value(text: str) -> int:
     values = {"+1": 1, "1": 1, "up": 1, "-1": -1, "down": -1}
     if text not in values:
@@ -425,6 +497,21 @@ def _int_at_least(minimum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+#: the entry points of the commands that packages on top of the node add to `expledger` (`devnet`: pyproject.toml);
+#: the node finds them by name and imports none of them
+COMMANDS = "expledger.commands"
+#: entry points that may say where a command with no node in its home should look (the devnet's running nodes)
+HINTS = "expledger.hints"
+
+
+@functools.cache
+def registered_commands() -> dict[str, Callable[[Sequence[str]], int]]:
+    """The commands other installed packages register (name -> what runs it with the arguments after the name); the
+    first line of its docstring is its --help line. Read once a process: `main` and `build_parser` both ask, and each
+    scan of the installed packages' metadata costs ~10 ms of every command's start."""
+    return {entry.name: entry.load() for entry in sorted(entry_points(group=COMMANDS), key=lambda entry: entry.name)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -458,11 +545,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     client.add_commands(commands, common)
     dso_cli.add_commands(commands, common)
-    commands.add_parser(  # listed for --help; main() hands `devnet …` to devnet.cli before parsing
-        "devnet", help="a local devnet of several nodes: up, status, logs, stop, start, down, demo, join"
-    )
+    for name, command in registered_commands().items():  # listed for --help; main() hands them on before parsing
+        commands.add_parser(name, help=(command.__doc__ or name).strip().splitlines()[0])
 
     commands.add_parser("id", parents=[common], help="this node's peer id and the multiaddrs to give to other nodes")
+    audit = commands.add_parser(
+        "audit",
+        parents=[common],
+        help="check the library against the reference fold of PROTOCOL §7: exit 0 if it matches, 1 at a difference",
+    )
+    audit.add_argument(
+        "--ledger",
+        metavar="DIR",
+        help="a stopped node's data directory (HOME/data); without it the running daemon of --home audits itself",
+    )
     keygen = commands.add_parser("keygen", help="create an author key file (mode 0600) and print its did:key")
     keygen.add_argument("--out", required=True, metavar="FILE", help="where to write the key; must not exist")
 
@@ -520,10 +616,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["devnet"]:
-        from devnet.cli import main as devnet_main  # the launcher sits on top of the node: loaded only for it
-
-        return devnet_main(argv[1:])
+    registered = registered_commands()
+    if argv[:1] and argv[0] in registered:
+        return registered[argv[0]](argv[1:])
+    args: argparse.Namespace | None = None
     try:
         args = build_parser().parse_args(argv)
         _refuse_non_utf8(args)
@@ -532,8 +628,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in Home(args.home).init(params if args.network else None, args.rpc, args.p2p):
                 _emit(line)
             return 0
-        if args.command == "devnet":
-            raise UsageError("args.devnet", "`devnet` comes first (expledger devnet …); it takes its own --network")
+        if args.command in registered:
+            raise UsageError(
+                f"args.{args.command}",
+                f"`{args.command}` comes first (expledger {args.command} …); it takes its own options",
+            )
         if args.command == "daemon":
             from node import daemon  # the server stack loads only for the daemon
 
@@ -542,6 +641,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return daemon.run(Home(args.home), args.log_level)
         if args.command == "id":
             return cmd_id(args)
+        if args.command == "audit":
+            return cmd_audit(args, params if args.network else None)
         if args.command == "dso":
             return dso_cli.run(args)
         if getattr(args, "client_command", None) == "submit":
@@ -555,7 +656,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_op_inspect(args, params)
     except LedgerError as exc:
         _emit(f"expledger: error: {exc.code}: {exc.message}", sys.stderr)
+        querying = args is not None and args.command not in ("init", "daemon")  # `daemon` wants a home of its own
+        if exc.code == "home.uninitialised" and querying and (hint := _devnet_hint()):
+            _emit(f"expledger: hint: {hint}", sys.stderr)
         return EXIT_USAGE
+
+
+def _devnet_hint() -> str | None:
+    """Where to point a command whose home holds no node, when a devnet runs (as scripts/demo.sh leaves one):
+    `expledger init` would make a new, empty node, which is rarely what was meant. The devnet package answers
+    through its `expledger.hints` entry point, so the node imports nothing of it."""
+    for entry in entry_points(group=HINTS):
+        hint = entry.load()()
+        if hint:
+            return hint
+    return None
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import shutil
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -51,7 +53,28 @@ class Client:
         self._timeout = timeout
 
     def call(self, method: str, **params: Any) -> Any:
-        body = json.dumps({"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}).encode()
+        answer = self._post({"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params})
+        return _result(answer)
+
+    def batch(self, method: str, calls: list[dict[str, Any]]) -> list[Any]:
+        """`method` once per parameters of `calls`, in JSON-RPC batches of at most BATCH calls (the server's
+        limit); the results in the order of `calls`, the first error raised."""
+        results: list[Any] = []
+        for start in range(0, len(calls), BATCH):
+            requests = [
+                {"jsonrpc": "2.0", "id": next(_ids), "method": method, "params": params}
+                for params in calls[start : start + BATCH]
+            ]
+            answered = self._post(requests)
+            if not isinstance(answered, list):  # the server refused the batch whole: its one error is raised
+                _result(answered)
+                raise RpcFailed("rpc.batch", "the daemon answered a batch with a single result", -32603)
+            answers = {answer.get("id"): answer for answer in answered}
+            results.extend(_result(answers[request["id"]]) for request in requests)
+        return results
+
+    def _post(self, payload: Any) -> Any:
+        body = json.dumps(payload).encode()
         request = urllib.request.Request(
             self.url,
             data=body,
@@ -60,7 +83,7 @@ class Client:
         )
         try:
             with urllib.request.urlopen(request, timeout=self._timeout) as response:
-                answer = json.loads(response.read())
+                return json.loads(response.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 401:
                 raise DaemonUnavailable(
@@ -73,12 +96,20 @@ class Client:
                 "daemon.unreachable",
                 f"the daemon at {self.url} does not answer ({reason}); is it running? (its rpc.url may be stale)",
             ) from None
-        if "error" in answer:
-            error = answer["error"]
-            data = error.get("data")
-            code = data.get("code") if isinstance(data, dict) and data.get("code") else f"rpc.{error['code']}"
-            raise RpcFailed(code, error["message"], error["code"], data)
-        return answer["result"]
+
+
+#: calls per JSON-RPC batch: the server's limit (node/jsonrpc.py)
+BATCH = 100
+
+
+def _result(answer: dict[str, Any]) -> Any:
+    """A JSON-RPC response's result, or its error raised as RpcFailed."""
+    if "error" in answer:
+        error = answer["error"]
+        data = error.get("data")
+        code = data.get("code") if isinstance(data, dict) and data.get("code") else f"rpc.{error['code']}"
+        raise RpcFailed(code, error["message"], error["code"], data)
+    return answer["result"]
 
 
 # --- the CLI's node commands -----------------------------------------------------------------------
@@ -140,6 +171,8 @@ def add_commands(commands: argparse._SubParsersAction, common: argparse.Argument
         parser.add_argument("--domain", help="only this domain and those under it")
         if name == "context":
             parser.add_argument("--budget", type=int, default=2048, help="tokens the prompt may use")
+    top = command("top", "the experiences this node served most (retrieve, context, proxy), with their domains")
+    top.add_argument("-n", "--limit", type=int, default=20, help="how many (default 20)")
     command("head", "the node's signed tree head")
     proof = command("proof", "RFC 9162 proofs from the node's log")
     proof.add_argument("kind", choices=["inclusion", "consistency"])
@@ -185,6 +218,8 @@ def _params(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     }
     if name in simple:
         return {"connect": "peers.connect", "disconnect": "peers.disconnect"}.get(name, name), simple[name]
+    if name == "top":
+        return "usage", {"limit": args.limit}
     if name == "list":
         found = {key: getattr(args, key) for key in ("domain", "author", "status", "conflicted", "cursor")}
         return name, {"limit": args.limit, **{key: value for key, value in found.items() if value is not None}}
@@ -204,7 +239,11 @@ def run_command(args: argparse.Namespace, operation: bytes | None = None) -> int
     """Call the daemon for one command and print the answer (`--json`: the result as JSON)."""
     method, params = ("submit", {"operation": operation.hex()}) if operation is not None else _params(args)
     try:
-        result = Client(Home(args.home)).call(method, **params)
+        client = Client(Home(args.home))
+        result = client.call(method, **params)
+        if method == "list" and not args.json:  # the records carry no text: one batch of `get`s fetches it
+            texts = client.batch("get", [{"id": record["id"]} for record in result["experiences"]])
+            result = {**result, "texts": [view["text"] for view in texts]}
     except DaemonUnavailable as exc:
         print(f"expledger: error: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_UNAVAILABLE
@@ -234,8 +273,10 @@ def _wait_until_stopped(home: Home, timeout: float = 120.0) -> int:
     return 0
 
 
-def render(method: str, result: Any) -> str:
-    """The answer for people: a line, a few `name: value` lines, or a table."""
+def render(method: str, result: Any, width: int | None = None) -> str:
+    """The answer for people: a line, a few `name: value` lines, or a table; experiences' texts are wrapped to
+    `width` columns (default: the terminal's, else $COLUMNS or 80), never cut."""
+    width = width or shutil.get_terminal_size().columns
     if method in ("add", "modify", "delete", "merge", "vote", "submit"):
         code = f" ({result['code']})" if result["code"] else ""
         return f"{result['outcome']}{code} {result['kind']} {result['cid']}"
@@ -263,6 +304,8 @@ def render(method: str, result: Any) -> str:
             for r in result["experiences"]
         ]
         table = _table(["ID", "STATUS", "DOMAIN", "SUPPORT", "VOTES"], rows)
+        if "texts" in result:
+            table = _with_texts(table, result["texts"], 4, width)
         return table + (f"\nmore: --cursor {result['next_cursor']}" if result["next_cursor"] else "")
     if method == "history":
         rows = [
@@ -270,9 +313,24 @@ def render(method: str, result: Any) -> str:
             for o in result["operations"]
         ]
         return _table(["CLOCK", "KIND", "OUTCOME", "CID", "TEXT"], rows)
+    if method == "usage":
+        rows = [
+            [
+                str(e["usage_count"]),
+                e["id"],
+                e["domain"] or "-",
+                ",".join(e["domains_applied"]),
+                _cut(e["text"] or "", 50),
+            ]
+            for e in result["experiences"]
+        ]
+        return _table(["SERVED", "ID", "DOMAIN", "SERVED FOR", "TEXT"], rows) if rows else "nothing served yet"
     if method == "retrieve":
-        rows = [[f"{h['score']:.3f}", h["id"], h["domain"], _cut(h["text"], 70)] for h in result["hits"]]
-        return _table(["SCORE", "ID", "DOMAIN", "TEXT"], rows) if rows else "no experience above the threshold"
+        if not result["hits"]:
+            return "no experience above the threshold"
+        rows = [[f"{h['score']:.3f}", h["id"], h["domain"]] for h in result["hits"]]
+        table = _table(["SCORE", "ID", "DOMAIN"], rows)
+        return _with_texts(table, [h["text"] for h in result["hits"]], len("SCORE  "), width)
     if method == "context":
         return result["prompt"]
     if method == "peers":
@@ -299,6 +357,28 @@ def render(method: str, result: Any) -> str:
 
 def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+#: the narrowest a wrapped text gets, however narrow the terminal
+_MIN_TEXT_WIDTH = 30
+
+
+def _with_texts(table: str, texts: list[str], indent: int, width: int) -> str:
+    """Each row of `table` (a header line, then one line per row) followed by its text, indented by `indent`
+    and wrapped to `width` columns: the whole text, readable in any terminal."""
+    header, *rows = table.split("\n")
+    margin = " " * indent
+    lines = [header]
+    for row, text in zip(rows, texts, strict=True):
+        wrapped = textwrap.wrap(
+            text,
+            max(width, indent + _MIN_TEXT_WIDTH),
+            initial_indent=margin,
+            subsequent_indent=margin,
+            break_on_hyphens=False,
+        )
+        lines.extend([row, *wrapped])
+    return "\n".join(lines)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

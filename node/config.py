@@ -2,12 +2,13 @@
 
 Layout (like Kubo's repo or Bitcoin Core's datadir):
 
-    config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits
+    config.toml     listen addresses, bootstrap peers, RPC, logs, ingest limits, the free-space reserve
     network.json    the genesis: the network's parameters (ledger.params), shared by every node
     author.key      signs the operations this node makes for its RPC clients (0600)
     p2p.key         the libp2p identity: the peer id others dial (0600)
     p2p/            what this node has read of other nodes' logs, and evidence of forks
     data/           the ledger: LevelDB, node key, high-water mark, vector index
+    usage/          how often this node served each experience (LevelDB, outside the ledger and its state root)
     rpc.cookie      while the daemon runs: the token every RPC request carries (0600)
     rpc.url         while the daemon runs: where its RPC server listens
     p2p.addrs       while the daemon runs: its full libp2p multiaddrs, one per line
@@ -64,6 +65,10 @@ class RpcConfig:
     tokens: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20
     max_batch: int = 100
+    #: connections open at once; when full, a new one evicts the oldest that has shown no token (503 if none)
+    max_connections: int = 1024
+    #: seconds a request's head may take to arrive whole (a connection's first: from its accept)
+    header_timeout: int = 5
 
     @property
     def host(self) -> str:
@@ -109,6 +114,14 @@ class IngestConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class StoreConfig:
+    #: writes that would leave less free space (MiB) on the data directory's file system are refused
+    #: (`store.unwritable`) before LevelDB meets a full disk, like geth's --datadir.minfreedisk: a memtable flush
+    #: and a compaction need a few hundred MB while they run; small disks (tests, devnets) set it lower
+    min_free_mb: int = 512
+
+
+@dataclass(frozen=True, slots=True)
 class RetrievalConfig:
     #: the model that ranks experiences for a query: a node-local model (its vectors are computed in the
     #: background; until then the network's embedding ranks), or "network" for the network's embedding only
@@ -136,13 +149,37 @@ class LlmConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class ProxyConfig:
+    """The OpenAI-compatible proxy that injects experiences into an agent's LLM calls (node/proxy.py)."""
+
+    #: host:port on which to serve /v1/chat/completions and /v1/models; "" (the default): no proxy
+    listen: str = ""
+    #: the OpenAI-compatible server to forward to; "": [llm] base_url (or EXPLEDGER_LLM_BASE_URL)
+    upstream: str = ""
+    k: int = 5  # experiences injected at most
+    budget: int = 2048  # tokens the injected prompt may use (the retrieval seed's max context length)
+    timeout: int = 300  # seconds to wait for the upstream's answer, or for its next bytes when streaming
+    max_body_bytes: int = 8 << 20
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
     rpc: RpcConfig = RpcConfig()
     p2p: P2PConfig = P2PConfig()
     log: LogConfig = LogConfig()
     ingest: IngestConfig = IngestConfig()
+    store: StoreConfig = StoreConfig()
     retrieval: RetrievalConfig = RetrievalConfig()
     llm: LlmConfig = LlmConfig()
+    proxy: ProxyConfig = ProxyConfig()
 
 
 #: per section, each key with its expected type and a check of its value (None: any value of the type)
@@ -152,6 +189,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "tokens": (list, "a list of strings of 16 to 256 characters"),
         "max_body_bytes": (int, "an integer from 1024 to 67108864"),
         "max_batch": (int, "an integer from 1 to 10000"),
+        "max_connections": (int, "an integer from 2 to 100000"),
+        "header_timeout": (int, "seconds, an integer from 1 to 300"),
     },
     "p2p": {
         "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
@@ -163,6 +202,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     },
     "log": {"level": (str, " or ".join(LOG_LEVELS)), "format": (str, " or ".join(LOG_FORMATS))},
     "ingest": {"queue": (int, "an integer from 1 to 1000000"), "batch": (int, "an integer from 1 to 100000")},
+    "store": {"min_free_mb": (int, "MiB, an integer from 0 to 1073741824")},
     "retrieval": {"model": (str, " or ".join(f'"{name}"' for name in (*MODELS, NETWORK)))},
     "llm": {
         "base_url": (str, "an http:// or https:// URL"),
@@ -176,14 +216,24 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
         "curate_similarity": (float, "a cosine from 0.5 to 1.0"),
         "curate_calls_per_minute": (int, "an integer from 1 to 10000"),
     },
+    "proxy": {
+        "listen": (str, 'host:port, the host an IP address, or "" for no proxy'),
+        "upstream": (str, 'an http:// or https:// URL, or "" for [llm] base_url'),
+        "k": (int, "an integer from 1 to 100"),
+        "budget": (int, "tokens, an integer from 16 to 1048576"),
+        "timeout": (int, "seconds, an integer from 1 to 3600"),
+        "max_body_bytes": (int, "an integer from 1024 to 67108864"),
+    },
 }
 _SECTIONS = {
     "rpc": RpcConfig,
     "p2p": P2PConfig,
     "log": LogConfig,
     "ingest": IngestConfig,
+    "store": StoreConfig,
     "retrieval": RetrievalConfig,
     "llm": LlmConfig,
+    "proxy": ProxyConfig,
 }
 
 
@@ -238,6 +288,10 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1024 <= value <= 64 << 20
         case "rpc", "max_batch":
             return 1 <= value <= 10_000
+        case "rpc", "max_connections":
+            return 2 <= value <= 100_000
+        case "rpc", "header_timeout":
+            return 1 <= value <= 300
         case "p2p", "listen":
             return all(_tcp_multiaddr(item) for item in value)
         case "p2p", "bootstrap":
@@ -256,6 +310,8 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 1 <= value <= 1_000_000
         case "ingest", "batch":
             return 1 <= value <= 100_000
+        case "store", "min_free_mb":
+            return 0 <= value <= 1 << 30
         case "retrieval", "model":
             return value == NETWORK or value in MODELS
         case "llm", "base_url":
@@ -278,6 +334,18 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return 0.5 <= value <= 1.0
         case "llm", "curate_calls_per_minute":
             return 1 <= value <= 10_000
+        case "proxy", "listen":
+            return value == "" or _host_port(value)
+        case "proxy", "upstream":
+            return value == "" or _acceptable("llm", "base_url", value)
+        case "proxy", "k":
+            return 1 <= value <= 100
+        case "proxy", "budget":
+            return 16 <= value <= 1 << 20
+        case "proxy", "timeout":
+            return 1 <= value <= 3600
+        case "proxy", "max_body_bytes":
+            return 1024 <= value <= 64 << 20
     return False
 
 
@@ -324,6 +392,8 @@ listen = "{rpc.listen}"
 tokens = {strings(rpc.tokens)}
 max_body_bytes = {rpc.max_body_bytes}
 max_batch = {rpc.max_batch}
+max_connections = {rpc.max_connections}  # when full, a new one evicts the oldest that has shown no token
+header_timeout = {rpc.header_timeout}      # seconds a request's headers may take to arrive
 
 [p2p]
 # libp2p (Noise-encrypted TCP). `expledger id` prints the addresses to give to other nodes;
@@ -344,6 +414,11 @@ format = "{log.format}"  # auto: text on a terminal, JSON lines otherwise
 queue = {ingest.queue}   # submissions waiting for the writer; more are refused
 batch = {ingest.batch}   # operations per synced write, at most
 
+[store]
+# writes that would leave less free space (MiB) on the data directory's disk are refused until space is
+# freed (reads go on), before the database ever meets a full disk
+min_free_mb = {config.store.min_free_mb}
+
 [retrieval]
 # the model that ranks experiences for a query: "{DEFAULT_MODEL}" (computed by this node in the background,
 # the network's embedding meanwhile) or "network" (the network's embedding only)
@@ -355,4 +430,12 @@ model = "{config.retrieval.model}"
 # base_url = "http://127.0.0.1:8080/v1"
 # model = ""               # "": the server's first model
 # curate = false           # true: this daemon resolves conflicts and merges paraphrases with the LLM
+
+# [proxy]
+# An OpenAI-compatible endpoint for agents (see README): their chat requests get the library's experiences
+# and go on to `upstream` ("": [llm] base_url). Its api_key is the RPC token. Off unless `listen` is set.
+# listen = "127.0.0.1:8646"
+# upstream = ""
+# k = 5
+# budget = 2048
 """

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
 import secrets
 import select
 import signal
@@ -38,8 +39,9 @@ from node.httpserver import HttpServer
 from node.jsonrpc import Dispatcher
 from node.local_embedding import LocalEmbedding
 from node.metrics import NodeMetrics
-from node.server import NodeRoutes, ServerState
+from node.server import NodeRoutes, ServerState, is_authorized, presented_token
 from node.service import Node
+from node.usage import UsageStats
 from p2p.gossip import Allowance
 from p2p.host import key_pair
 from p2p.service import P2PNode, route_library_logs
@@ -62,6 +64,12 @@ KEEP_ALIVE_TIMEOUT = 30.0
 #: a client that stops reading is dropped by the kernel after this long with data unacknowledged
 TCP_USER_TIMEOUT_MS = 30_000
 LISTEN_BACKLOG = 128
+PROXY_URL_FILE = "proxy.url"  # while the daemon runs with a proxy: its base URL (for OpenAI clients)
+USAGE_DIR = "usage"  # the usage counts' LevelDB, in the home (node/usage.py)
+#: file descriptors the daemon needs besides its RPC connections: LevelDB keeps up to 1000 table files open,
+#: then block files, libp2p connections, logs
+OTHER_DESCRIPTORS = 2048
+MIN_RPC_CONNECTIONS = 64
 
 
 class StartupError(Exception):
@@ -78,6 +86,9 @@ class Startup:
     sock: socket.socket
     peer_key: AuthorKey  # the libp2p identity's seed
     local: LocalRetrieval | None  # the node-local retrieval model and its index ([retrieval] model)
+    rpc_connections: int  # [rpc] max_connections, or fewer when the open-files limit is short
+    usage: UsageStats  # how often each experience was served (HOME/usage, apart from the ledger)
+    proxy_sock: socket.socket | None = None  # the OpenAI-compatible proxy's listener ([proxy] listen)
 
 
 @dataclass
@@ -104,6 +115,33 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
+def rpc_connections(wanted: int) -> int:
+    """How many RPC connections to serve at once: `wanted` ([rpc] max_connections), or fewer if the open-files limit
+    cannot be raised for them. The soft limit is raised as far as the hard limit allows (Bitcoin Core and geth do
+    the same at start): at a soft limit of 1024 a full RPC server would fail to accept, or LevelDB to open a table
+    file; when even the hard limit is short, half of it goes to RPC and the log says so (as Bitcoin Core reduces
+    -maxconnections)."""
+    needed = wanted + OTHER_DESCRIPTORS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return wanted
+    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # macOS refuses more than its kernel's per-process maximum
+        target = soft
+    if target >= needed:
+        return wanted
+    served = min(wanted, max(MIN_RPC_CONNECTIONS, target // 2))
+    log.warning(
+        "open files are limited to %d (ulimit -n): serving %d RPC connections at once, not [rpc] max_connections = %d",
+        target,
+        served,
+        wanted,
+    )
+    return served
+
+
 def _multiaddr_host_port(addr: str) -> tuple[str, int]:
     """(host, port) of a /ip4|ip6/HOST/tcp/PORT multiaddr (config.py checked its form)."""
     parts = addr.split("/")
@@ -128,6 +166,7 @@ def start(home: Home, log_level: str | None = None) -> Startup:
     pid = _running_daemon(home)
     if pid is not None:
         raise StartupError(f"a daemon is already running on {home.path} (pid {pid}); stop it first")
+    connections = rpc_connections(config.rpc.max_connections)
     try:
         sock = bind_listener(config.rpc.host, config.rpc.port)
     except OSError as exc:
@@ -135,12 +174,22 @@ def start(home: Home, log_level: str | None = None) -> Startup:
             f"cannot listen on {config.rpc.listen} for RPC: {exc.strerror}; "
             f"is another node using it? Change [rpc] listen in {home.config_file}"
         ) from None
+    proxy_sock = None
+    if config.proxy.listen:
+        try:
+            proxy_sock = bind_listener(config.proxy.host, config.proxy.port)
+        except OSError as exc:
+            sock.close()
+            raise StartupError(
+                f"cannot listen on {config.proxy.listen} for the proxy: {exc.strerror}; "
+                f"Change [proxy] listen in {home.config_file}"
+            ) from None
     for addr in config.p2p.listen:
         host, port = _multiaddr_host_port(addr)
         try:
             bind_listener(host, port).close()  # a port in use is reported now, in one line, not deep in libp2p
         except OSError as exc:
-            sock.close()
+            _close(sock, proxy_sock)
             raise StartupError(
                 f"cannot listen on {addr} for p2p: {exc.strerror}; is another node using it? "
                 f"Change [p2p] listen in {home.config_file}"
@@ -149,14 +198,26 @@ def start(home: Home, log_level: str | None = None) -> Startup:
         author = home.author_key()
         peer_key = home.peer_key()
         model = load_model(config.retrieval.model)  # refused before the data is opened if it cannot be loaded
-        ledger = Ledger.open(home.data_dir, params)
+        ledger = Ledger.open(home.data_dir, params, min_free_bytes=config.store.min_free_mb << 20)
     except LedgerError as exc:
-        sock.close()
+        _close(sock, proxy_sock)
         if exc.code == "store.open" and "lock" in exc.message.lower():
             raise StartupError(f"{home.data_dir} is in use by another process (a daemon or a tool)") from None
         raise
     local = LocalRetrieval(ledger, model) if model is not None else None
-    return Startup(config, ledger, author, sock, peer_key, local)
+    try:
+        usage = UsageStats(home.path / USAGE_DIR)
+    except LedgerError:
+        _close(sock, proxy_sock)
+        ledger.close()
+        raise
+    return Startup(config, ledger, author, sock, peer_key, local, connections, usage, proxy_sock)
+
+
+def _close(*socks: socket.socket | None) -> None:
+    for sock in socks:
+        if sock is not None:
+            sock.close()
 
 
 async def _watch_signals(control: StopControl, *, task_status: trio.TaskStatus[None]) -> None:
@@ -193,7 +254,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         node.committed.append(embedding.committed)
     network = _network(home, startup, node) if config.p2p.listen else None
     dispatcher = Dispatcher(max_batch=config.rpc.max_batch, observer=metrics)
-    api.register(dispatcher, node, control.drain, network)
+    api.register(dispatcher, node, control.drain, network, startup.usage)
     token = secrets.token_hex(32)
     write_file_atomically(home.cookie_file, f"__cookie__:{token}".encode())
     view = ledger.view()
@@ -214,6 +275,9 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
         max_body=config.rpc.max_body_bytes,
         idle_timeout=KEEP_ALIVE_TIMEOUT,
         graceful_timeout=GRACEFUL_TIMEOUT,
+        header_timeout=config.rpc.header_timeout,
+        max_connections=startup.rpc_connections,
+        holds_token=routes.holds_token,
         refused=lambda reason: metrics.http_rejected.labels(reason).inc(),
     )
     server_stopping = trio.Event()
@@ -251,6 +315,7 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(node.run_ingest)
+            nursery.start_soon(node.recover_writes, control.drain)
             if embedding:
                 await nursery.start(embedding.run)
             nursery.start_soon(stop_network)
@@ -262,6 +327,10 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
             host, port = startup.sock.getsockname()[:2]
             nursery.start_soon(stop_serving)
             await nursery.start(serve_then_close_queue)
+            if startup.proxy_sock is not None:
+                proxy_url = await nursery.start(_serve_proxy, startup, node, state, server_stopping)
+                write_file_atomically(home.path / PROXY_URL_FILE, (proxy_url + "\n").encode())
+                log.info("proxy: OpenAI-compatible endpoint on %s", proxy_url)
             if config.llm.curate:
                 from node.dso import curator  # the model's client loads only in a daemon that curates
 
@@ -273,8 +342,41 @@ async def _serve(home: Home, startup: Startup, control: StopControl, *, task_sta
             write_file_atomically(home.url_file, (url + "\n").encode())
             task_status.started(url)
     finally:
-        for path in (home.cookie_file, home.url_file, home.p2p_addrs_file):
+        for path in (home.cookie_file, home.url_file, home.p2p_addrs_file, home.path / PROXY_URL_FILE):
             path.unlink(missing_ok=True)
+
+
+async def _serve_proxy(
+    startup: Startup, node: Node, state: ServerState, stopping: trio.Event, *, task_status: trio.TaskStatus[str]
+) -> None:
+    """The OpenAI-compatible proxy (node/proxy.py) until the node drains; started with its base URL."""
+    import httpx  # loaded only by a daemon with a proxy
+
+    from node.dso.llm import NO_KEY, LlmSettings
+    from node.proxy import ProxyRoutes, Upstream
+
+    config = startup.config.proxy
+    llm = LlmSettings.resolve(startup.config.llm)
+    upstream = Upstream(config.upstream or llm.base_url, None if llm.api_key == NO_KEY else llm.api_key, config.timeout)
+    timeout = httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0))
+    sock = startup.proxy_sock
+    assert sock is not None
+    async with httpx.AsyncClient(timeout=timeout, trust_env=False) as client, trio.open_nursery() as nursery:
+        routes = ProxyRoutes(state, node, startup.usage, upstream, client, config.k, config.budget)
+        server = HttpServer(
+            routes.handle,
+            routes.websocket,
+            max_body=config.max_body_bytes,
+            idle_timeout=KEEP_ALIVE_TIMEOUT,
+            graceful_timeout=GRACEFUL_TIMEOUT,
+            header_timeout=startup.config.rpc.header_timeout,  # slow clients cannot starve agents either
+            max_connections=startup.rpc_connections,
+            holds_token=lambda authorization: is_authorized(presented_token(authorization.decode("latin-1")), state),
+        )
+        sock.listen(LISTEN_BACKLOG)
+        host, port = sock.getsockname()[:2]
+        await nursery.start(server.serve, trio.SocketListener(trio.socket.from_stdlib_socket(sock)), stopping)
+        task_status.started(f"http://{f'[{host}]' if ':' in host else host}:{port}/v1")
 
 
 def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
@@ -329,9 +431,10 @@ def run(home: Home, log_level: str | None = None) -> int:
     except* KeyboardInterrupt:  # raised inside a nursery it arrives wrapped in a BaseExceptionGroup
         log.warning("interrupted before the signal handler was ready")
     finally:
-        startup.sock.close()  # a no-op once the server's listener closed it
+        _close(startup.sock, startup.proxy_sock)  # a no-op once the servers' listeners closed them
         if startup.local:
             startup.local.close()
+        startup.usage.close()
         startup.ledger.close()  # saves the vector index, closes LevelDB
         home.pid_file.unlink(missing_ok=True)
         log.info("stopped")

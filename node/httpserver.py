@@ -9,11 +9,28 @@ keep-alive, one websocket, a graceful stop.
 
 What it does: requests on a connection are answered in order (pipelining included); a body is read whole up to
 `max_body` (a larger Content-Length is refused before reading, a chunked body as soon as it passes the limit:
-413 and the connection closes); `Expect: 100-continue` is honoured; an idle connection closes after
-`idle_timeout`, and so does one whose request has not arrived whole within `idle_timeout` of its first bytes
-(a client trickling a byte at a time cannot hold a connection); malformed HTTP gets 400 and the connection
-closes. At `drain` the listener stops accepting, idle connections close, requests in flight are answered, and
-whatever is still open after `graceful_timeout` is cancelled.
+413 and the connection closes); `Expect: 100-continue` is honoured; malformed HTTP gets 400 and the connection
+closes, and so does a request that repeats a header that must appear once (`Authorization`, `Host`: which of
+two tokens counts must not be left to chance). At `drain` the listener stops accepting, idle connections close,
+requests in flight are answered, and whatever is still open after `graceful_timeout` is cancelled.
+
+Deadlines: a request's head (request line and headers) must arrive whole within `header_timeout` of its first
+bytes, or of the accept for a connection's first request (nginx's client_header_timeout, Go's ReadHeaderTimeout,
+which geth sets); the whole request within `idle_timeout` of its first bytes; a keep-alive connection may wait
+`idle_timeout` between requests. A client trickling a byte at a time holds a connection for `header_timeout`.
+
+Slots: at most `max_connections` connections are open. A connection proves itself by presenting a valid token
+(`holds_token` judges an Authorization header as soon as it arrives, or a websocket session is authorised);
+until then it is unproven. When every slot is taken, a new connection evicts the oldest unproven one (closed
+without an answer); only when all are proven is it answered 503. Why this and not the alternatives: every RPC
+client is on 127.0.0.1, attackers too, so a per-IP cap (nginx's limit_conn, Bitcoin Core's per-netgroup
+inbound eviction) cannot tell them apart; a reserve of slots for token holders does not help either, because a
+connection's token is only known once its head arrives, so the reserve fills with heads that never complete.
+Evicting oldest-first is nginx's reuse of idle connections when worker_connections run out, extended to
+connections that have not shown a token: a legitimate client sends its head within milliseconds of connecting,
+and would be evicted only if `max_connections` newer connections arrived before that; an attacker reopening
+connections as they close only evicts its own. geth (Go's net/http) and Bitcoin Core (libevent, 30 s
+rpcservertimeout) cap neither connections nor their order, and rely on timeouts and the file-descriptor limit.
 """
 
 from __future__ import annotations
@@ -23,7 +40,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from email.utils import formatdate
 from http import HTTPStatus
@@ -41,7 +58,11 @@ log = logging.getLogger(__name__)
 
 RECEIVE_BYTES = 65536
 MAX_HEAD_BYTES = 65536  # request line and headers; more is refused (431)
-MAX_CONNECTIONS = 512  # more at once are answered 503 and closed, by default
+MAX_CONNECTIONS = 1024  # open at once, by default (see "Slots" above)
+HEADER_TIMEOUT = 5.0  # seconds a request's head may take to arrive whole, by default
+#: request headers that must appear once (RFC 9110 §5.3: only list-valued fields may repeat; RFC 9112 §3.2: two
+#: Host lines are a 400)
+SINGLE_HEADERS = frozenset({b"authorization", b"host"})
 #: after refusing a request unread, the rest of what the client sends is read and dropped for up to this long:
 #: closing with unread data would reset the connection, and the client could lose the answer (nginx's lingering close)
 LINGER_SECONDS = 2.0
@@ -54,7 +75,7 @@ class Request:
     method: str
     path: str
     query: dict[str, str]
-    headers: dict[bytes, bytes]  # names in lower case; the first of a repeated header counts
+    headers: dict[bytes, bytes]  # names in lower case; the first of a repeated header counts (but see SINGLE_HEADERS)
     body: bytes = b""
     version: str = "1.1"
 
@@ -65,6 +86,9 @@ class Response:
     body: bytes = b""
     headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # besides length, date and connection
     close: bool = False  # close the connection after this answer
+    #: a body sent as it is produced (chunked), instead of `body`: the proxy's server-sent events. If it fails
+    #: part way, the connection closes (the client sees a cut answer, never a wrong one)
+    stream: AsyncIterator[bytes] | None = None
 
 
 def text_response(status: int, text: str, *headers: tuple[bytes, bytes]) -> Response:
@@ -136,11 +160,15 @@ WebSocketHandler = Callable[[Request], Awaitable["Response | Callable[[WebSocket
 class _Parsing:
     """httptools callbacks: requests completed by the bytes fed so far, and the one in progress."""
 
-    def __init__(self, max_body: int) -> None:
+    def __init__(self, max_body: int, holds_token: Callable[[bytes], bool]) -> None:
         self.max_body = max_body
+        self.holds_token = holds_token
         self.done: list[tuple[Request, bool]] = []  # each with whether the connection may stay open after it
-        self.too_large = False
-        self.head_too_large = False
+        #: why the request under way is refused ("too_large", "head_too_large", "repeated_header"): the first reason
+        #: stands, and neither it nor anything after it on this connection is answered
+        self.refusal: str | None = None
+        self.repeated = b""  # the header of SINGLE_HEADERS that came twice
+        self.vouched = False  # a request on this connection carried a valid token
         self.expects_continue = False
         #: bytes received while a request's head was incomplete (at most one read more than that head: the limit
         #: bounds what httptools buffers of a header still arriving)
@@ -166,30 +194,41 @@ class _Parsing:
         self._head_size += len(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers.setdefault(name.lower(), value)
+        name = name.lower()
         self._head_size += len(name) + len(value) + 4
+        if name in self._headers:
+            if name in SINGLE_HEADERS and self.refusal is None:
+                self.refusal, self.repeated = "repeated_header", name
+            return
+        self._headers[name] = value
+        if name == b"authorization" and not self.vouched:
+            self.vouched = self.holds_token(value)
 
     def on_headers_complete(self) -> None:
         self.headers_complete = True
         self.head_bytes = 0
-        if self._head_size > MAX_HEAD_BYTES:
-            self.head_too_large = True
+        if self.refusal is not None:
+            return
         declared = self._headers.get(b"content-length")
-        if declared is not None and int(declared) > self.max_body:  # llhttp has checked it is a number
-            self.too_large = True
+        if self._head_size > MAX_HEAD_BYTES:
+            self.refusal = "head_too_large"
+        elif declared is not None and int(declared) > self.max_body:  # llhttp has checked it is a number
+            self.refusal = "too_large"
         elif self._headers.get(b"expect", b"").lower() == b"100-continue":
             self.expects_continue = True
 
     def on_body(self, body: bytes) -> None:
+        if self.refusal is not None:
+            return
         self._size += len(body)
         if self._size > self.max_body:
-            self.too_large = True
-        elif not self.too_large:
+            self.refusal = "too_large"
+        else:
             self._body.append(body)
 
     def on_message_complete(self) -> None:
-        if self.too_large or self.head_too_large:
-            return  # refused: neither it nor anything after it on this connection is answered
+        if self.refusal is not None:
+            return
         path, _, query = self._url.decode("latin-1").partition("?")
         request = Request(
             self.parser.get_method().decode("latin-1"),
@@ -205,6 +244,14 @@ class _Parsing:
         self._begin()
 
 
+@dataclass(eq=False)
+class _Slot:
+    """One open connection's place: its scope (cancelled to evict it) and whether it still counts as open."""
+
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    counted: bool = True
+
+
 class HttpServer:
     """Serves `handle` (and `websocket` for upgrade requests) on a listening socket until drained."""
 
@@ -216,18 +263,25 @@ class HttpServer:
         max_body: int,
         idle_timeout: float,
         graceful_timeout: float,
+        header_timeout: float = HEADER_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
+        holds_token: Callable[[bytes], bool] = lambda authorization: False,
         refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
-        """`refused` is told the reason of each request refused before it was handled (for metrics)."""
+        """`holds_token` says whether an Authorization header's value carries a valid token (such a connection is
+        never evicted); `refused` is told the reason of each connection or request refused before it was handled
+        (for metrics)."""
         self._max_connections = max_connections
+        self._holds_token = holds_token
         self._refused = refused
         self._handle = handle
         self._websocket = websocket
         self._max_body = max_body
         self._idle_timeout = idle_timeout
+        self._header_timeout = header_timeout
         self._graceful_timeout = graceful_timeout
         self._connections = 0
+        self._unproven: dict[_Slot, None] = {}  # connections that have shown no token, oldest first
         self._draining = False
         self._idle: set[trio.CancelScope] = set()  # the reads of connections between requests
         self._date = (0, b"")
@@ -259,52 +313,78 @@ class HttpServer:
             connections.start_soon(self._connection, stream)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
+        slot = _Slot()
         self._connections += 1
         try:
-            if self._connections > self._max_connections:
+            if self._connections > self._max_connections and not self._evict_oldest_unproven():
                 self._refused("too_many_connections")
                 await self._send(stream, text_response(503, "too many connections\n"), keep_alive=False)
                 return
-            await self._requests(stream)
+            self._unproven[slot] = None
+            with slot.scope:
+                await self._requests(stream, slot)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the client went away
         except Exception:  # one connection's failure must not end the server
             log.exception("an RPC connection failed")
         finally:
-            self._connections -= 1
+            self._unproven.pop(slot, None)
+            if slot.counted:
+                self._connections -= 1
             with trio.CancelScope(shield=True), trio.move_on_after(1):
                 await stream.aclose()
 
-    async def _requests(self, stream: trio.SocketStream) -> None:
-        parsing = _Parsing(self._max_body)
-        deadline: float | None = None  # a request must arrive whole within the timeout of its first bytes
+    def _evict_oldest_unproven(self) -> bool:
+        """Close the oldest connection that has shown no token, to make room; False if every one has."""
+        if not self._unproven:
+            return False
+        oldest = next(iter(self._unproven))
+        del self._unproven[oldest]
+        oldest.counted = False  # its place is free now, though its task closes the socket a moment later
+        self._connections -= 1
+        oldest.scope.cancel()
+        self._refused("evicted")
+        return True
+
+    def _prove(self, slot: _Slot) -> None:
+        """The connection carried a valid token: it keeps its place."""
+        self._unproven.pop(slot, None)
+
+    async def _requests(self, stream: trio.SocketStream, slot: _Slot) -> None:
+        parsing = _Parsing(self._max_body, self._holds_token)
+        #: when the request under way began: the first one's clock starts at the accept, a later one's at its first
+        #: bytes (None: waiting for them, after an answer)
+        started: float | None = trio.current_time()
         while True:
-            if not parsing.in_request:
-                deadline = None
-            data = await self._receive(stream, deadline)
+            data = await self._receive(stream, self._deadline(started, parsing), idle=not parsing.in_request)
+            if data is None:  # the deadline passed: a keep-alive wait ends quietly, a request under way is counted
+                if started is not None:
+                    self._refused("request_timeout" if parsing.headers_complete else "header_timeout")
+                return
             if not data:
-                return  # closed by the client, timed out, or the server is draining
-            if deadline is None:
-                deadline = trio.current_time() + self._idle_timeout
+                return  # closed by the client, or the server is draining
+            if started is None:
+                started = trio.current_time()
             if not parsing.headers_complete:
                 parsing.head_bytes += len(data)
             upgrade_at: int | None = None
-            refusal: tuple[str, Response] | None = None
+            malformed: str | None = None
             try:
                 parsing.parser.feed_data(data)
             except httptools.HttpParserUpgrade as upgrade:
                 upgrade_at = upgrade.args[0]
             except httptools.HttpParserError as exc:
-                refusal = ("malformed", text_response(400, f"malformed HTTP request: {exc}\n"))
-            if parsing.too_large:
-                refusal = ("too_large", text_response(413, f"the body is larger than {self._max_body} bytes\n"))
-            elif parsing.head_too_large or (not parsing.headers_complete and parsing.head_bytes > MAX_HEAD_BYTES):
-                refusal = ("head_too_large", text_response(431, "the request's headers are too large\n"))
+                malformed = str(exc)  # llhttp's reason, such as "Invalid header token": no byte of the request
+            if parsing.vouched:
+                self._prove(slot)
+            if parsing.refusal is None and not parsing.headers_complete and parsing.head_bytes > MAX_HEAD_BYTES:
+                parsing.refusal = "head_too_large"
+            refusal = self._refusal(parsing, malformed)
             # the requests complete before a refused one are answered first: answers go out in order
             while parsing.done:
                 request, keep_alive = parsing.done.pop(0)
                 if upgrade_at is not None and not parsing.done:
-                    await self._upgrade(stream, request, data[upgrade_at:])
+                    await self._upgrade(stream, request, data[upgrade_at:], slot)
                     return
                 response = await self._answer(request)
                 keep_alive = keep_alive and not response.close and not self._draining
@@ -312,13 +392,27 @@ class HttpServer:
                 if not keep_alive:
                     return
                 # a request begun behind this one (pipelined) gets its whole time from now
-                deadline = trio.current_time() + self._idle_timeout
+                started = trio.current_time() if parsing.in_request else None
             if refusal is not None:
                 await self._refuse(stream, *refusal)
                 return
             if parsing.expects_continue:
                 parsing.expects_continue = False
                 await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def _refusal(self, parsing: _Parsing, malformed: str | None) -> tuple[str, Response] | None:
+        """The reason and the answer for a request refused unread, if one is (the first reason in the stream)."""
+        match parsing.refusal:
+            case "too_large":
+                return "too_large", text_response(413, f"the body is larger than {self._max_body} bytes\n")
+            case "head_too_large":
+                return "head_too_large", text_response(431, "the request's headers are too large\n")
+            case "repeated_header":
+                name = parsing.repeated.decode("latin-1").title()
+                return "repeated_header", text_response(400, f"the request repeats its {name} header\n")
+        if malformed is not None:
+            return "malformed", text_response(400, f"malformed HTTP request: {malformed}\n")
+        return None
 
     async def _refuse(self, stream: trio.SocketStream, reason: str, response: Response) -> None:
         """Answer and close a connection whose request was not read to its end."""
@@ -330,20 +424,28 @@ class HttpServer:
             while dropped < LINGER_BYTES and (data := await stream.receive_some(RECEIVE_BYTES)):
                 dropped += len(data)
 
-    async def _receive(self, stream: trio.SocketStream, deadline: float | None) -> bytes:
-        """The next bytes; b"" at the end of the stream, at the deadline of the request under way (None: between
-        requests, idle, whose timeout starts now), or when draining finds the connection idle."""
-        idle = deadline is None
+    def _deadline(self, started: float | None, parsing: _Parsing) -> float:
+        """When the request under way must have arrived (its head sooner than the rest); between requests, the end
+        of the keep-alive wait, which starts now."""
+        if started is None:
+            return trio.current_time() + self._idle_timeout
+        if parsing.headers_complete:
+            return started + self._idle_timeout
+        return started + min(self._header_timeout, self._idle_timeout)
+
+    async def _receive(self, stream: trio.SocketStream, deadline: float, *, idle: bool) -> bytes | None:
+        """The next bytes; b"" at the end of the stream or when draining finds the connection `idle` (no byte of a
+        next request yet), None at the deadline."""
         if idle and self._draining:
             return b""
-        with trio.move_on_at(trio.current_time() + self._idle_timeout if idle else deadline) as scope:
+        with trio.move_on_at(deadline) as scope:
             if idle:
                 self._idle.add(scope)
             try:
                 return await stream.receive_some(RECEIVE_BYTES)
             finally:
                 self._idle.discard(scope)
-        return b""
+        return b"" if self._draining else None
 
     async def _answer(self, request: Request) -> Response:
         try:
@@ -352,7 +454,7 @@ class HttpServer:
             log.exception("answering %s %s failed", request.method, request.path)
             return text_response(500, "internal server error\n")
 
-    async def _upgrade(self, stream: trio.SocketStream, request: Request, trailing: bytes) -> None:
+    async def _upgrade(self, stream: trio.SocketStream, request: Request, trailing: bytes, slot: _Slot) -> None:
         """A websocket handshake (RFC 6455 §4.2), then the session the websocket handler returns."""
         key = request.headers.get(b"sec-websocket-key")
         is_websocket = request.headers.get(b"upgrade", b"").lower() == b"websocket"
@@ -371,6 +473,7 @@ class HttpServer:
         if isinstance(decision, Response):
             await self._send(stream, decision, keep_alive=False)
             return
+        self._prove(slot)  # the handler authorised the session (with a ?token= that no header carried, say)
         ws = WebSocket(stream, key, trailing)
         await decision(ws)
         if not ws.accepted:  # the session found it could not serve (the node began to stop meanwhile)
@@ -390,7 +493,21 @@ class HttpServer:
         elif request is not None and request.version == "1.0":  # an HTTP/1.0 client asked to keep it open
             lines.append(b"connection: keep-alive")
         head = request is not None and request.method == "HEAD"
+        if response.stream is not None:
+            await self._send_stream(stream, lines, response.stream)
+            return
         await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n" + (b"" if head else response.body))
+
+    async def _send_stream(self, stream: trio.SocketStream, lines: list[bytes], chunks: AsyncIterator[bytes]) -> None:
+        """The head, then each chunk as it comes (RFC 9112 §7.1 chunked coding)."""
+        lines = [line for line in lines if not line.startswith(b"content-length: ")]
+        lines.append(b"transfer-encoding: chunked")
+        await stream.send_all(b"\r\n".join(lines) + b"\r\n\r\n")
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+            async for chunk in chunks:
+                if chunk:
+                    await stream.send_all(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        await stream.send_all(b"0\r\n\r\n")
 
     def _now(self) -> bytes:
         """The Date header's value, formatted once a second."""

@@ -4,7 +4,9 @@ Existing libraries do not fit: jsonrpcserver's async_dispatch calls asyncio.gath
 json-rpc/tinyrpc are synchronous. The spec is small enough to implement exactly.
 
 Errors: the five standard codes, and the node's own range (-32000 to -32099) whose `data` always
-carries a stable dotted `code` (the ledger's, e.g. `text.structure`) and often the `field`.
+carries a stable dotted `code` (the ledger's, e.g. `text.structure`) and often the `field`. A message names the
+condition; it repeats at most ECHO_CHARS characters of what the client sent (`clip`), and no message is longer
+than MAX_MESSAGE_CHARS; what only the operator needs (a traceback, a path) goes to the log.
 """
 
 from __future__ import annotations
@@ -34,8 +36,13 @@ NOT_FOUND = -32002  # no such experience, operation or log position here
 BUSY = -32003  # the ingest queue is full: retry later
 STOPPING = -32004  # the node is shutting down
 UNAVAILABLE = -32005  # a peer could not be reached (peers.connect)
+ECHO_CHARS = 100  # characters of a client's input an error message repeats, at most
+MAX_MESSAGE_CHARS = 300  # an error message's length, at most, whatever it quotes
+UNWRITABLE = -32006  # the store takes no writes (free space under the reserve, or after a failed write); reads go on
 
 Handler = Callable[..., Awaitable[Any]]
+#: what a client hears of a bug in a method; the traceback is in the node's log
+INTERNAL_MESSAGE = "internal error: the method failed unexpectedly; the node's log has the details"
 
 
 class RpcError(Exception):
@@ -46,6 +53,14 @@ class RpcError(Exception):
         self.code = code
         self.message = message
         self.data = data
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """A client's string as an error message repeats it: whole when short, else its first `limit` characters and
+    its length (a 100 KB method name must not come back whole)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters)"
 
 
 def invalid_params(field: str, message: str, code: str = "params.type") -> RpcError:
@@ -60,8 +75,10 @@ class CallObserver(Protocol):
 
 
 def _error(request_id: Any, code: int, message: str, data: Any = None) -> dict[str, Any]:
-    error: dict[str, Any] = {"code": code, "message": message}
+    error: dict[str, Any] = {"code": code, "message": clip(message, MAX_MESSAGE_CHARS)}
     if data is not None:
+        if isinstance(data, dict) and isinstance(data.get("message"), str):
+            data = {**data, "message": clip(data["message"], MAX_MESSAGE_CHARS)}
         error["data"] = data
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
@@ -138,12 +155,19 @@ class Dispatcher:
         entry = self._methods.get(method)
         if entry is None:
             self._observe("unknown", "method_not_found", started)
-            return _error(request_id, METHOD_NOT_FOUND, f"method not found: {method}", _code("rpc.method_not_found"))
+            message = f"method not found: {clip(method)}"
+            return _error(request_id, METHOD_NOT_FOUND, message, _code("rpc.method_not_found"))
         handler, signature = entry
+        unknown = _unknown_parameter(params, signature)
+        if unknown is not None:  # said here: Python's TypeError would quote the whole name
+            self._observe(method, "invalid_params", started)
+            takes = ", ".join(signature.parameters) or "no parameters"
+            message = f"unknown parameter: {clip(unknown)}; {method} takes {takes}"
+            return _error(request_id, INVALID_PARAMS, message, {"code": "params.shape", "message": message})
         try:
             # Bind first so a TypeError raised inside the handler is not mistaken for bad params.
             bound = signature.bind(*params) if isinstance(params, list) else signature.bind(**params)
-        except TypeError as exc:
+        except TypeError as exc:  # a missing parameter, or too many: names the method's own parameters only
             self._observe(method, "invalid_params", started)
             return _error(request_id, INVALID_PARAMS, str(exc), {"code": "params.shape", "message": str(exc)})
         try:
@@ -157,13 +181,20 @@ class Dispatcher:
         except Exception:
             log.exception("rpc method %s failed", method)
             self._observe(method, "internal_error", started)
-            return _error(request_id, INTERNAL_ERROR, "internal error")
+            return _error(request_id, INTERNAL_ERROR, INTERNAL_MESSAGE, _code("rpc.internal"))
         self._observe(method, "ok", started)
         return {"jsonrpc": "2.0", "id": request_id, "result": result}
 
     def _observe(self, method: str, outcome: str, started: float) -> None:
         if self._observer is not None:
             self._observer.observe_call(method, outcome, time.perf_counter() - started)
+
+
+def _unknown_parameter(params: list[Any] | dict[str, Any], signature: inspect.Signature) -> str | None:
+    """The first named parameter the method does not take, if any."""
+    if isinstance(params, list):
+        return None
+    return next((name for name in params if name not in signature.parameters), None)
 
 
 def _code(code: str) -> dict[str, str]:

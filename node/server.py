@@ -84,6 +84,11 @@ class NodeRoutes:
     def __init__(self, state: ServerState) -> None:
         self._state = state
 
+    def holds_token(self, authorization: bytes) -> bool:
+        """Whether an Authorization header's value carries a valid token: the HTTP server keeps such a client's
+        connection when it runs out of room (node/httpserver.py, "Slots")."""
+        return is_authorized(presented_token(authorization.decode("latin-1")), self._state)
+
     def _authorized(self, request: Request, *, query_token: bool = False) -> bool:
         authorization = request.headers.get(b"authorization", b"").decode("latin-1")
         token = presented_token(authorization, request.query.get("token") if query_token else None)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import trio
 
 from ledger.cid import CID
+from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Submission, Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
@@ -40,6 +41,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 READER_THREADS = 4
 LANE_SHARE = 8  # one source may fill an eighth of the ingest queue (at least a batch)
+#: seconds between two tries to take writes again after a failed write (the next write tries too)
+RECOVER_INTERVAL = 2.0
+#: the code of a write the store refused: free space under the reserve, or after a failed write
+STORE_UNWRITABLE = "store.unwritable"
 
 
 class Busy(Exception):
@@ -51,7 +56,17 @@ class Stopping(Exception):
 
 
 class IngestFailed(Exception):
-    """The batch holding a submission could not be written (the ledger is unchanged; the error is logged)."""
+    """The batch holding a submission could not be written (the ledger is unchanged; the error is logged).
+
+    `code` is `store.unwritable` when the store refused it (its message then says why, without paths: a client
+    may read it), else `ingest.failed` (a bug: the message is generic, the traceback is in the log)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        if isinstance(cause, LedgerError) and cause.code == STORE_UNWRITABLE:
+            self.code, message = STORE_UNWRITABLE, cause.message
+        else:
+            self.code, message = "ingest.failed", "the write failed; the node logged why"
+        super().__init__(message)
 
 
 @dataclass(eq=False)
@@ -167,7 +182,7 @@ class Node:
             raise Busy(f"the ingest queue is full ({len(self._queue)} waiting); retry later")
         await waiting.done.wait()
         if waiting.error is not None:
-            raise IngestFailed(str(waiting.error)) from waiting.error
+            raise IngestFailed(waiting.error) from waiting.error
         assert waiting.receipt is not None
         return waiting.receipt
 
@@ -189,7 +204,7 @@ class Node:
         for item in waiting:
             await item.done.wait()
             if item.error is not None:
-                raise IngestFailed(str(item.error)) from item.error
+                raise IngestFailed(item.error) from item.error
         return [item.receipt for item in waiting if item.receipt is not None]
 
     def view(self) -> LedgerView:
@@ -216,7 +231,10 @@ class Node:
                 self._ingest_sync, [waiting.submission for waiting in batch], limiter=self._writer
             )
         except Exception as exc:  # a failed write changed nothing; each waiting client is told, the node goes on
-            log.exception("an ingest batch of %d submissions failed", len(batch))
+            if isinstance(exc, LedgerError) and exc.code == STORE_UNWRITABLE:  # the store logged it once, not per batch
+                log.debug("an ingest batch of %d submissions refused: %s", len(batch), exc.message)
+            else:
+                log.exception("an ingest batch of %d submissions failed", len(batch))
             for waiting in batch:
                 waiting.error = exc
                 waiting.done.set()
@@ -242,6 +260,15 @@ class Node:
             listener(receipts, [waiting.submission.data for waiting in batch])
         self.metrics.ingest_batch_size.observe(len(batch))
         self.metrics.ingest_seconds.observe(time.perf_counter() - started)
+
+    async def recover_writes(self, stop: trio.Event) -> None:
+        """While writes are stopped after a failed one, try every `RECOVER_INTERVAL` to take them again (once
+        space is back), so `status` shows it without waiting for a write; returns when `stop` is set."""
+        while not stop.is_set():
+            with trio.move_on_after(RECOVER_INTERVAL):
+                await stop.wait()
+            if not stop.is_set() and self.ledger.writability().state == "stopped":
+                await trio.to_thread.run_sync(self.ledger.recover, limiter=self._writer)
 
     def _ingest_sync(self, submissions: list[Submission]) -> tuple[list[Receipt], list[dict[str, Any]]]:
         """On the writer thread: ingest, then describe what the batch applied beyond its own submissions."""

@@ -8,6 +8,11 @@ Measured facts behind each choice: ../shared/notes/libp2p-0.8.1.md and docs/ARCH
 
 from __future__ import annotations
 
+import ipaddress
+import re
+import socket
+from collections.abc import Iterable
+
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost
@@ -64,11 +69,66 @@ def parse_peer_addr(text: str) -> tuple[ID, Multiaddr]:
     return info.peer_id, addr
 
 
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+_TCP_ENDPOINT = re.compile(r"/(ip4|ip6)/([^/]+)/tcp/(\d+)")
+
+
+def tcp_endpoint(addr: Multiaddr | str) -> tuple[IPAddress, int] | None:
+    """The IP address and TCP port a multiaddr names, or None for another form (/dns4/..., say)."""
+    match = _TCP_ENDPOINT.match(str(addr))
+    if match is None:
+        return None
+    try:
+        return ipaddress.ip_address(match.group(2)), int(match.group(3))
+    except ValueError:
+        return None
+
+
+def reaches_listener(endpoint: tuple[IPAddress, int], listening: Iterable[tuple[IPAddress, int] | None]) -> bool:
+    """Whether a dial to `endpoint` arrives at one of the `listening` endpoints of this machine: the same port, and
+    the same address, or any address of this machine for a listener on all of them (0.0.0.0, ::). A dial to 0.0.0.0
+    goes to the loopback address."""
+    address, port = endpoint
+    if address.is_unspecified:
+        address = ipaddress.ip_address("::1" if address.version == 6 else "127.0.0.1")
+    for own in listening:
+        if own is not None and own[1] == port and (own[0] == address or (own[0].is_unspecified and _local(address))):
+            return True
+    return False
+
+
+def _local(address: IPAddress) -> bool:
+    """An address of this machine: a loopback one, or one a socket can bind."""
+    if address.is_loopback:
+        return True
+    with socket.socket(socket.AF_INET6 if address.version == 6 else socket.AF_INET) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError:
+            return False
+    return True
+
+
+def dial_to_self(host: IHost, peer: ID, addr: Multiaddr) -> str | None:
+    """Why dialling `addr` (of `peer`) would reach this host itself, or None. Such a dial would list the node as its
+    own peer and have it read its own log (Kubo refuses it too: "dial to self attempted")."""
+    if peer == host.get_id():
+        return "that is this node's own peer id"
+    endpoint = tcp_endpoint(addr)
+    if endpoint is not None and reaches_listener(endpoint, (tcp_endpoint(own) for own in host.get_addrs())):
+        return f"{endpoint[0]} port {endpoint[1]} is where this node listens"
+    return None
+
+
 async def connect(host: IHost, addr: str, timeout: float) -> ID:
     """Dial `addr` (ending in /p2p/PEERID). First lifts libp2p's 60 s block after a failed dial and forgets the
     peer's older addresses (the swarm dials only the first TCP address it knows, so a stale one would win).
-    `timeout` is required: nothing in 0.8.1 bounds a Noise handshake with a peer that accepts and stays silent."""
+    `timeout` is required: nothing in 0.8.1 bounds a Noise handshake with a peer that accepts and stays silent.
+    A dial that would reach this host itself raises LedgerError('p2p.self_dial')."""
     peer, multiaddr = parse_peer_addr(addr)
+    refusal = dial_to_self(host, peer, multiaddr)
+    if refusal is not None:
+        raise LedgerError("p2p.self_dial", f"addr: {refusal}; a node does not dial itself")
     info = info_from_p2p_addr(multiaddr)
     host.get_network().unblock_peer(peer)
     if peer not in host.get_connected_peers():

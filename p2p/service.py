@@ -39,7 +39,7 @@ from ledger.view import LedgerView
 from p2p import gossip
 from p2p.discovery import TARGET_PEERS, Discovery
 from p2p.gossip import GossipBatch, GossipError, Outbox
-from p2p.host import build_host, connect, full_addrs, parse_peer_addr
+from p2p.host import build_host, connect, dial_to_self, full_addrs, parse_peer_addr
 from p2p.orphans import Orphan, OrphanPool
 from p2p.peers import (
     BAN_SECONDS,
@@ -768,8 +768,10 @@ class P2PNode:
         """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer peers than
         discovery's target (always without discovery), backing off while it is unreachable. (Not always: a
         bootstrap node that closes surplus connections would be redialled by everyone it let go.)"""
-        peer_id, _ = parse_peer_addr(addr)
-        if peer_id == self.id:
+        peer_id, multiaddr = parse_peer_addr(addr)
+        refusal = dial_to_self(self.host, peer_id, multiaddr)
+        if refusal is not None:
+            log.info("bootstrap peer %s is not dialled: %s", addr, refusal)
             return
         self.peer(peer_id).addrs = [addr]
         self.discovery.book.learn(peer_id, [addr])

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The first command on a fresh clone: creates .venv if needed (as scripts/test.sh does), installs the
-# project there, then runs the demo devnet (`expledger devnet demo`): 3 nodes on 127.0.0.1, a seed library
-# submitted through different nodes, a conflict and a near-duplicate, convergence, then retrieval and the
-# context-injection prompt. The devnet keeps running; `.venv/bin/expledger devnet down --clean` removes it.
+# project there at the locked versions (requirements.lock), then runs the demo devnet (`expledger devnet
+# demo`): 3 nodes on 127.0.0.1, a seed library submitted through different nodes, a conflict and a
+# near-duplicate, convergence, then retrieval and the context-injection prompt. The devnet keeps running;
+# `.venv/bin/expledger devnet down --clean` removes it.
 # Extra arguments go to `expledger devnet demo` (e.g. --nodes 5).
 #
 #   EXPLEDGER_DEVNET            the devnet's directory (default ~/.expledger-devnet)
@@ -18,7 +19,7 @@ if [ -n "${EXPLEDGER_DEMO_VENV:-}" ]; then
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 else
   source scripts/venv.sh
-  project_venv scripts/demo.sh . "installing the project into .venv (about a minute the first time)"
+  project_venv scripts/demo.sh requirements.lock "installing the project into .venv (about a minute the first time)"
   python=.venv/bin/python
 fi
 

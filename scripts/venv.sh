@@ -1,8 +1,10 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: make .venv (Python 3.11 or newer) if it is missing, and install
-# the project into it. Usage: project_venv SCRIPT_NAME PIP_TARGET MESSAGE
-# (e.g. project_venv scripts/test.sh '.[dev]' "installing the project and its dev tools into .venv").
+# into it the locked dependencies (the versions and SHA-256 digests in LOCK_FILE, made by scripts/lock.sh: every
+# machine runs the same releases), then the project itself without resolving anything again.
+# Usage: project_venv SCRIPT_NAME LOCK_FILE MESSAGE
+# (e.g. project_venv scripts/test.sh requirements-dev.lock "installing the project and its dev tools into .venv").
 project_venv() {
-  local script=$1 target=$2 message=$3
+  local script=$1 lock=$2 message=$3
   local python=${PYTHON:-python3}
   if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
     echo "$script: Python 3.11 or newer is required ($("$python" --version 2>&1) found); set PYTHON=" >&2
@@ -13,6 +15,8 @@ project_venv() {
     "$python" -m venv .venv
   fi
   echo "$message"
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e "$target"
+  local pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" --require-hashes -r "$lock"
+  "${pip[@]}" --no-deps -e .
 }

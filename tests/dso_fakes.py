@@ -34,6 +34,7 @@ Responder = Callable[[dict[str, Any]], Reply]
 class FakeLlm:
     url: str
     requests: list[dict[str, Any]]
+    bodies: list[bytes] = field(default_factory=list)  # each request's bytes, as received
 
     def prompts(self, marker: str) -> list[str]:
         """The user prompts of the chat requests whose prompt contains `marker`."""
@@ -63,6 +64,7 @@ def stage(request: dict[str, Any]) -> str:
 @contextmanager
 def fake_llm(responder: Responder) -> Iterator[FakeLlm]:
     requests: list[dict[str, Any]] = []
+    bodies: list[bytes] = []
     lock = threading.Lock()
 
     class Handler(BaseHTTPRequestHandler):
@@ -78,20 +80,40 @@ def fake_llm(responder: Responder) -> Iterator[FakeLlm]:
                 self._send(404, b"{}")
 
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            data = self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.loads(data)
             with lock:
                 requests.append(body)
+                bodies.append(data)
             reply = responder(body)
             if reply.delay:
                 time.sleep(reply.delay)
             if reply.raw is not None:
                 self._send(reply.status, reply.raw, reply.headers)
+            elif body.get("stream") is True and reply.status == 200:
+                self._stream(body, reply.content or "")
             elif reply.status != 200:
                 error = {"error": {"message": f"scripted {reply.status}", "type": "server_error", "code": None}}
                 self._send(reply.status, json.dumps(error).encode(), reply.headers)
             else:
                 completion = _completion(body, reply.content or "", reply.finish_reason)
                 self._send(200, json.dumps(completion).encode(), reply.headers)
+
+        def _stream(self, request: dict[str, Any], content: str) -> None:
+            """Server-sent events, a word each (as OpenAI streams), then [DONE]; the connection closes after."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            words = content.split(" ")
+            for index, word in enumerate(words):
+                delta = {"content": word if index == 0 else " " + word}
+                finish = "stop" if index == len(words) - 1 else None
+                chunk = {**_completion(request, "", "stop"), "object": "chat.completion.chunk"}
+                chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish}]
+                chunk.pop("usage")
+                self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
 
         def _send(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
             try:
@@ -110,7 +132,7 @@ def fake_llm(responder: Responder) -> Iterator[FakeLlm]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield FakeLlm(f"http://127.0.0.1:{server.server_address[1]}/v1", requests)
+        yield FakeLlm(f"http://127.0.0.1:{server.server_address[1]}/v1", requests, bodies)
     finally:
         server.shutdown()
         server.server_close()
@@ -142,7 +164,7 @@ def smollm_missing() -> str | None:
 
 
 @contextmanager
-def smollm_server(timeout: float = 120.0) -> Iterator[str]:
+def smollm_server(timeout: float = 120.0, threads: int = 2) -> Iterator[str]:
     """The real SmolLM2 behind an OpenAI-compatible endpoint; yields its base URL once /health answers 200."""
     import socket
     import subprocess
@@ -154,7 +176,9 @@ def smollm_server(timeout: float = 120.0) -> Iterator[str]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     process = subprocess.Popen(
-        [sys.executable, "-m", "node.dso.smollm", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "node.dso.smollm", str(port), str(threads)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         deadline = time.monotonic() + timeout

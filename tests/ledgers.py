@@ -10,7 +10,7 @@ from pathlib import Path
 from ledger.cid import CID
 from ledger.ledger import Ledger
 from ledger.ops import Block, Kind
-from ledger.store import (
+from ledger.tables import (
     BLOCK,
     BUCKET,
     BY_AUTHOR,

@@ -46,10 +46,17 @@ def test_bench_ledger_runs_with_the_networks_horizon_and_says_when_a_split_does_
     # most of the component is folded where it sorts
     assert re.search(r"sorting just after them [\d.,]+ ms \(folds 0 operations again\)", out), out
     # and a merge of an add a merge after it took: that merge is taken back and folded again after the late one,
-    # which it takes instead (one operation folded again, not the component's)
-    assert re.search(
-        r"a merge took and a new add, sorting just after them, [\d.,]+ ms \(folds 1 operations again\)", out
-    ), out
+    # which it takes instead, with what acted on it since: a handful of operations, not the component's. How many
+    # acted on it depends on the workload's vectors, which follow the processor's BLAS kernel (its order of summing
+    # a norm rounds a few texts in a hundred to other float16 vectors: ../shared/notes/embeddings.md): 1, 2 or 3
+    late = re.search(
+        r"a merge took and a new add, sorting just after them, [\d.,]+ ms \(folds (\d+) operations again, of the "
+        r"(\d+) of its component sorting after it\)",
+        out,
+    )
+    assert late, out
+    folded, after = int(late.group(1)), int(late.group(2))
+    assert 1 <= folded <= 8 and folded < after, out
     # and a copy taking adds out of an experience an applied merge and a delete name: it rewinds what it touches (the
     # merge and what acted on it), not the component
     assert re.search(r"an applied merge and a delete name, [\d.,]+ ms \(folds \d operations again\)", out), out
@@ -113,3 +120,39 @@ def test_thread_cpu_skips_a_thread_that_ends_while_its_files_are_read(monkeypatc
         release.set()
         ending.join()
     assert ending.native_id not in threads and threads  # the others are still counted
+
+
+def test_bench_usage_prints_its_figures(tmp_path: Path) -> None:
+    out = _run(tmp_path, "bench.bench_usage", "--serves", "40", "--threads", "4")
+    for figure in ("synced, one thread", "unsynced, one thread (baseline)", "4 threads at once", "ratio"):
+        assert figure in out, out
+
+
+def test_bench_dso_eval_grades_both_arms(tmp_path: Path) -> None:
+    """Against a fake model that answers right only when the library's template is in the prompt: the arms'
+    accuracies are 0 and 1 wherever an experience was injected."""
+    import json
+
+    from tests.dso_fakes import Reply, fake_llm
+
+    problems = [json.loads(line) for line in (ROOT / "bench" / "eval" / "problems.jsonl").read_text().splitlines()]
+    answers = {problem["problem"]: problem["answer"] for problem in problems}
+
+    def reply(request: dict) -> Reply:
+        prompt = request["messages"][-1]["content"]
+        question = prompt.rsplit("# Problem\n\n", 1)[-1]
+        return Reply(f"Answer: {answers[question]}" if prompt.startswith("# Learned Experiences") else "Answer: -1")
+
+    with fake_llm(reply) as fake:
+        out = _run(tmp_path, "bench.bench_dso", "--eval", "--base-url", fake.url, "--limit", "3", "-G", "2")
+    served = int(re.search(r"at least one experience: (\d)/3", out).group(1))
+    assert re.search(r"without library\s+0/6\s+0\.000", out), out
+    assert re.search(rf"with library\s+{2 * served}/6 ", out), out
+    assert "95% paired bootstrap over problems" in out, out
+
+
+def test_bench_slowloris_prints_both_phases_and_what_the_attackers_met(tmp_path: Path) -> None:
+    limits = ("--max-connections", "16", "--header-timeout", "1")  # 40 attackers for 16 places: some are evicted
+    out = _run(tmp_path, "bench.bench_slowloris", "--attackers", "40", "--seconds", "2", "--baseline", "1", *limits)
+    assert re.search(r"baseline +\d+/\d+ answered", out) and re.search(r"attack +\d+/\d+ answered", out), out
+    assert re.search(r"attackers: \d+ connections opened", out) and "evicted" in out, out

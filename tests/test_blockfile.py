@@ -10,7 +10,8 @@ import pytest
 import ledger.blockfile as blockfile
 import ledger.store as store_module
 from ledger.blockfile import BLOCKS_DIR, LOCATOR
-from ledger.store import BLOCK, BLOCKS_END, FORMAT, FORMAT_BLOCKS_IN_TABLE, FORMAT_KEY, StoreError
+from ledger.store import FORMAT, FORMAT_BLOCKS_IN_TABLE, StoreError
+from ledger.tables import BLOCK, BLOCKS_END, FORMAT_KEY
 from tests.ledgers import open_ledger, random_history
 
 BLOCKS = random_history(random.Random(12), 160)

@@ -23,6 +23,7 @@ from ledger.keys import AuthorKey
 from ledger.ops import Embedding, Kind, decode_block, sign
 from ledger.params import NetworkParams
 from node.cli import main
+from node.client import render
 from tests import factories as f
 
 EXPLEDGER = Path(sys.executable).parent / "expledger"
@@ -669,3 +670,48 @@ def test_op_new_builds_on_a_data_directorys_heads_and_resolves_its_conflict(key,
     node.close()
     missing = run(*args, "--ledger", str(tmp_path / "nowhere"), "--text", text, "--domain", "math", "--confidence", "1")
     assert missing.returncode == 2 and "args.ledger" in missing.stderr
+
+
+# --- what people read: whole texts, wrapped to the terminal ------------------------------------------------
+
+_WORDS = st.text(st.characters(categories=("L", "N", "P", "S"), exclude_characters="…"), min_size=1, max_size=24)
+
+
+@settings(max_examples=200, deadline=None)
+@given(texts=st.lists(st.lists(_WORDS, min_size=1, max_size=60), min_size=1, max_size=5), width=st.integers(1, 200))
+def test_retrieve_and_list_show_each_whole_text_wrapped_to_the_width(texts, width) -> None:
+    """Every word of every text, in order, under its own row; no line wider than the width (or than the narrowest
+    the text column gets, 30 columns, on a narrower terminal) unless a single word is."""
+    cid = "bafyreic2yx24j37t2rjrbfg7tnnqrf63vclwbcqlezqotxsapur5v2hmmm"
+    hits = {"hits": [{"score": 0.5, "id": cid, "domain": "math", "text": " ".join(words)} for words in texts]}
+    records = [{"id": cid, "status": "live", "domain": "m", "support": 1, "votes": {"upvotes": 0, "downvotes": 0}}]
+    listed = {"experiences": records * len(texts), "next_cursor": None, "texts": [" ".join(w) for w in texts]}
+    for method, result, indent in (("retrieve", hits, 7), ("list", listed, 4)):
+        lines = render(method, result, width).splitlines()
+        rows = [number for number, line in enumerate(lines) if line.startswith(("0.500", cid))]
+        assert len(rows) == len(texts)
+        for row, end, words in zip(rows, [*rows[1:], len(lines)], texts, strict=True):
+            below = lines[row + 1 : end]
+            assert all(line.startswith(" " * indent) for line in below)
+            assert " ".join(below).split() == words
+            limit = max(width, indent + 30)
+            assert all(len(line) <= limit or len(line.split()) == 1 for line in below)
+
+
+def test_retrieve_uses_the_terminals_width_and_cuts_nothing(monkeypatch) -> None:
+    text = "When a long insight arrives, " + "check every case it names and every bound it relies on, " * 4
+    hits = {"hits": [{"score": 0.5, "id": "bafyabc", "domain": "math", "text": text.strip()}]}
+    monkeypatch.setenv("COLUMNS", "72")
+    shown = render("retrieve", hits).splitlines()
+    assert shown[0].split() == ["SCORE", "ID", "DOMAIN"] and shown[1].split() == ["0.500", "bafyabc", "math"]
+    assert len(shown) > 4 and max(len(line) for line in shown) <= 72 and "…" not in "".join(shown)
+    assert " ".join(line.strip() for line in shown[2:]) == text.strip()
+    assert render("retrieve", {"hits": []}) == "no experience above the threshold"
+
+
+def test_a_home_with_no_node_and_no_devnet_running_only_says_to_init(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPLEDGER_")}
+    env.update(HOME=str(tmp_path), EXPLEDGER_DEVNET=str(tmp_path / "devnet"))
+    bare = run("retrieve", "bounds", env=env)
+    assert bare.returncode == 2 and bare.stderr.count("\n") == 1
+    assert bare.stderr.startswith(f"expledger: error: home.uninitialised: {tmp_path / '.expledger'}: no config.toml")

@@ -11,7 +11,7 @@ from ledger import library, records
 from ledger.cid import CID
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
-from ledger.store import BUCKET, absorbs_key, order_cid, u64
+from ledger.tables import BUCKET, absorbs_key, order_cid, u64
 from tests import factories as f
 from tests.ledgers import ACTIONS, CONTEXTS, converged_state, open_ledger, random_history
 
@@ -127,7 +127,7 @@ def test_low_clock_operations_after_a_large_history_converge(
     naming what it takes back (`_Following`), and those acting on an experience are read from those naming its
     adds, whatever the component's size."""
     if by_name:
-        monkeypatch.setattr(library, "_READ_BY_NAME", 0)
+        monkeypatch.setattr(library.tables, "_READ_BY_NAME", 0)
     rng = random.Random(seed)
     history = random_history(rng, 240)
     late = _late_operations(rng, history, 25)
@@ -299,7 +299,7 @@ def test_late_copies_that_split_and_join_experiences_with_what_acts_on_them_conv
     if mode == "listed_outside":
         monkeypatch.setattr(records, "INLINE_LIST", 0)
     if mode == "by_name":
-        monkeypatch.setattr(library, "_READ_BY_NAME", 0)
+        monkeypatch.setattr(library.tables, "_READ_BY_NAME", 0)
     if mode == "rewinding":
         monkeypatch.setattr(library.Library, "_take_over_in_place", lambda *_: False)
     rng = random.Random(seed)

@@ -12,7 +12,7 @@ from ledger import ledger as ledger_module
 from ledger.cid import CID
 from ledger.ledger import DB_DIR
 from ledger.proofs import verify_consistency
-from ledger.store import REBUILDING
+from ledger.tables import REBUILDING
 from tests.ledgers import converged_state, open_ledger, random_history
 
 RUNS = 20

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -13,11 +14,14 @@ import time
 
 import httpx
 import pytest
+import trio
 import websockets.sync.client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.ops import Kind
+from node.config import ConfigError, load_config
+from node.daemon import MIN_RPC_CONNECTIONS, rpc_connections
 from tests import factories as f
 from tests.daemons import EXPLEDGER, expledger, init_home, log_lines, running, start
 
@@ -187,6 +191,112 @@ def test_a_missing_or_wrong_token_is_refused_with_401(node):
     assert httpx.post(node.url, content=body, headers={"Authorization": basic}).status_code == 200
     assert httpx.get(node.url + "metrics").status_code == 401
     assert httpx.get(node.url + "health").status_code == 200  # probes need no token
+
+
+def test_a_request_with_two_authorization_headers_is_refused_400_whichever_comes_first(node):
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "status"})
+    good, wrong = f"Bearer {node.token}", "Bearer wrong"
+    for pair in ((good, wrong), (wrong, good), (good, good)):
+        response = httpx.post(node.url, content=body, headers=[("Authorization", value) for value in pair])
+        assert (response.status_code, response.text) == (400, "the request repeats its Authorization header\n")
+    assert node.call("status")["log_size"] >= 0  # and the node goes on
+
+
+async def _trickle_until_closed(port: int, head: bytes, closed_early: list[bool]) -> None:
+    """Send `head` a byte every 50 ms; record whether the daemon closed the connection before it was all sent."""
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        try:
+            for byte in head:
+                await stream.send_all(bytes([byte]))
+                with trio.move_on_after(0.05):
+                    if not await stream.receive_some(65536):
+                        closed_early.append(True)
+                        return
+        except (trio.BrokenResourceError, OSError):
+            closed_early.append(True)
+            return
+    closed_early.append(False)
+
+
+async def _status_on_a_new_connection(port: int, token: str) -> int:
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "status"}'
+    request = b"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nConnection: close\r\n" % token.encode()
+    async with await trio.open_tcp_stream("127.0.0.1", port) as stream:
+        await stream.send_all(request + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        answer = b""
+        while chunk := await stream.receive_some(65536):
+            answer += chunk
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    return int(head.split()[1]) if "result" in json.loads(payload or b"{}") else -1
+
+
+def test_slow_connections_are_closed_at_the_header_deadline_and_token_holders_still_get_in(tmp_path):
+    """Slowloris against a daemon with room for 20 connections: 100 connections trickle request heads they never
+    finish; every authenticated call made meanwhile, each on a new connection, is answered, and every slow
+    connection is closed before its head is sent, evicted by a newcomer or at the one-second header deadline."""
+    home = tmp_path / "home"
+    init_home(home)
+    config = home / "config.toml"
+    text = config.read_text().replace("max_connections = 1024", "max_connections = 20")
+    config.write_text(text.replace("header_timeout = 5", "header_timeout = 1"))
+    slow_head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 400  # 20 s at a byte per 50 ms
+
+    async def attack(port: int, token: str) -> tuple[list[bool], list[int]]:
+        closed_early: list[bool] = []
+        answers: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(100):
+                nursery.start_soon(_trickle_until_closed, port, slow_head, closed_early)
+                await trio.sleep(0)
+            for _ in range(10):
+                answers.append(await _status_on_a_new_connection(port, token))
+        return closed_early, answers
+
+    with running(home) as daemon:
+        port = int(daemon.url.rsplit(":", 1)[1].strip("/"))
+        closed_early, answers = trio.run(attack, port, daemon.token)
+        assert answers == [200] * 10
+        assert closed_early == [True] * 100
+        metrics = daemon.http.get(daemon.url + "metrics").text
+    refused = {
+        reason: float(value)
+        for reason, value in (
+            line.removeprefix('expledger_http_rejected_total{reason="').split('"} ')
+            for line in metrics.splitlines()
+            if line.startswith("expledger_http_rejected_total{")
+        )
+    }
+    # every slow connection ended one of the two ways; those still in place after the last call at the deadline
+    assert refused.get("evicted", 0) + refused["header_timeout"] == 100 and refused["header_timeout"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("line", "code"),
+    [
+        ("header_timeout = 0", "config.value"),
+        ("header_timeout = 2.5", "config.type"),
+        ("max_connections = 1", "config.value"),
+    ],
+)
+def test_connection_settings_out_of_range_are_refused_naming_the_key(tmp_path, line, code):
+    path = tmp_path / "config.toml"
+    path.write_text(f"[rpc]\n{line}\n")
+    with pytest.raises(ConfigError) as refused:
+        load_config(path)
+    assert refused.value.code == code and f"[rpc] {line.split(' = ')[0]}" in refused.value.message
+
+
+def test_the_daemon_raises_its_open_files_limit_and_serves_fewer_connections_when_the_hard_limit_is_short(caplog):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        pytest.skip("open files have no hard limit here")
+    try:
+        assert rpc_connections(16) == 16
+        served = rpc_connections(hard)  # it and the database would need more than the hard limit
+        assert served == min(hard, max(MIN_RPC_CONNECTIONS, hard // 2))
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard and "serving" in caplog.text
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_batches_mix_good_and_bad_calls_and_notifications_get_no_answer(node):

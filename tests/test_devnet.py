@@ -32,8 +32,9 @@ from devnet.cli import build_parser as devnet_parser
 from devnet.demo import build, load_library
 from devnet.network import port_free
 from ledger.params import NetworkParams
+from node import client as node_client
 from node.cli import build_parser as node_parser
-from node.client import Client
+from node.client import Client, RpcFailed
 from node.home import Home, process_alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -181,6 +182,69 @@ def test_the_demo_converges_and_another_node_retrieves_the_experience(demo):
     pid = int((homes[0] / "daemon.pid").read_text())
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     assert f"PYTHONPATH={demo['clone']}".encode() in environ
+
+
+def test_the_demo_says_why_two_embedders_heads_its_status_table_and_how_to_query_a_node(demo):
+    output = demo["output"]
+    assert "why two embedders: every operation carries a WordLlama vector" in output
+    assert "the network's consensus embedding" in output and "minilm-l6-int8 is a better retrieval model" in output
+    prompt_end, heading = output.index("# Problem"), output.index("== 7. the devnet's nodes now (`devnet status`)")
+    table = output.index("NODE ", heading)
+    assert prompt_end < heading < table and output[heading:table].count("\n") == 1  # the table follows its heading
+    node1 = demo["devnet"] / "node1"
+    assert f'retrieve --home {node1} "your question"`, or `export EXPLEDGER_HOME={node1}`' in output
+
+
+def test_a_command_on_a_home_with_no_node_points_at_the_running_devnet(demo, tmp_path):
+    """A newcomer after the demo types `expledger retrieve …` with no home: the answer names the devnet's node
+    to query instead of only `expledger init` (which would make a new, empty node)."""
+    env = environment(demo["devnet"], None, HOME=str(tmp_path))  # ~/.expledger holds no node
+    bare = subprocess.run([str(BIN / "expledger"), "retrieve", "bounds"], capture_output=True, text=True, env=env)
+    node1 = demo["devnet"] / "node1"
+    assert bare.returncode == 2 and bare.stderr.startswith("expledger: error: home.uninitialised: ")
+    hint = bare.stderr.splitlines()[1]
+    assert hint.startswith(f"expledger: hint: the devnet in {demo['devnet']} runs node1, node2, node3; ")
+    assert f"add `--home {node1}` or `export EXPLEDGER_HOME={node1}`" in hint
+    daemon = subprocess.run([str(BIN / "expledger"), "daemon"], capture_output=True, text=True, env=env)
+    assert daemon.returncode == 2 and "home.uninitialised" in daemon.stderr and "hint" not in daemon.stderr
+    followed = subprocess.run(
+        [str(BIN / "expledger"), "list", "--limit", "3"],
+        capture_output=True,
+        text=True,
+        env={**env, "EXPLEDGER_HOME": str(node1), "COLUMNS": "60"},
+    )
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.startswith("ID ") and "more: --cursor" in followed.stdout
+
+
+def test_retrieve_and_list_show_whole_texts_wrapped_to_the_terminal(demo):
+    home = demo["devnet"] / "node3"
+    library = load_library()
+    texts = {experience["text"] for experience in library["experiences"]}
+    for args in (["retrieve", library["problem"], "-k", "3"], ["list", "--limit", "1000"]):
+        shown = subprocess.run(
+            [str(BIN / "expledger"), *args, "--home", str(home)],
+            capture_output=True,
+            text=True,
+            env=environment(None, None, COLUMNS="60"),
+        )
+        assert shown.returncode == 0, shown.stderr
+        blocks = re.split(r"^(?=\S)", shown.stdout, flags=re.M)[1:]  # a row, then its text's lines indented
+        shown_texts = {" ".join(line.strip() for line in block.splitlines()[1:]) for block in blocks}
+        assert len(shown_texts & texts) >= 3 and "…" not in shown.stdout, shown.stdout
+        texts_lines = [line for block in blocks for line in block.splitlines()[1:]]
+        assert all(len(line) <= 60 for line in texts_lines), shown.stdout
+
+
+def test_a_batch_of_gets_answers_in_order_across_requests_and_raises_the_first_error(demo, monkeypatch):
+    """`list` fetches its texts with JSON-RPC batches of `get` (at most the server's 100 calls each)."""
+    client = Client(Home(demo["devnet"] / "node2"))
+    ids = [record["id"] for record in client.call("list", limit=1000)["experiences"]]
+    monkeypatch.setattr(node_client, "BATCH", 7)
+    assert [view["id"] for view in client.batch("get", [{"id": cid} for cid in ids])] == ids
+    with pytest.raises(RpcFailed) as refused:
+        client.batch("get", [{"id": ids[0]}, {"id": "not-a-cid"}])
+    assert refused.value.rpc_code == -32602 and "id" in refused.value.message
 
 
 def test_up_on_a_running_devnet_says_so_and_starts_only_what_is_down(demo):

@@ -20,7 +20,7 @@ from ledger.keyfilter import _BUILD_CHUNK, FILTER_FILE, OLD_FILTER_FILE, TABLES,
 from ledger.ledger import Ledger
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
-from ledger.store import BLOCK, BUCKET, BUCKET_MARK, BUCKETS_MARKED, LOG, VOTES, bucket_mark_key
+from ledger.tables import BLOCK, BUCKET, BUCKET_MARK, BUCKETS_MARKED, LOG, VOTES, bucket_mark_key
 from tests import factories
 
 keys = st.builds(lambda table, rest: table + rest, st.sampled_from(TABLES), st.binary(max_size=80))
@@ -240,7 +240,7 @@ def test_near_duplicates_are_found_with_a_stale_or_missing_filter(tmp_path: Path
 def test_bucket_marks_a_directory_stored_are_dropped_and_still_answer(tmp_path: Path, monkeypatch, caplog) -> None:
     """A directory from before the marks moved into the filter stored them in table I: they are deleted at open,
     in chunks, and the near-duplicates of its adds are still found."""
-    monkeypatch.setattr("ledger.library._DROP_CHUNK", 3)
+    monkeypatch.setattr("ledger.library.upgrades._DROP_CHUNK", 3)
     params, path = factories.PARAMS, tmp_path / "node"
     pair = first, duplicate = _near_duplicate_pair(0)
     ledger = Ledger.open(path, params)

@@ -20,15 +20,13 @@ from ledger.library import _LargeRecords, _Records
 from ledger.neardup import exact_cosine_exceeds
 from ledger.ops import Kind
 from ledger.records import INLINE_LIST, ExperienceRecord, Life, OpStatus, Outcome, list_digest
-from ledger.store import (
+from ledger.store import Store, StoreError, Transaction
+from ledger.tables import (
     COMPONENT_OP,
     EXPERIENCE,
     LISTS_OUTSIDE,
     NETWORK,
     VECTOR,
-    Store,
-    StoreError,
-    Transaction,
     experience_key,
     listed_key,
     listed_prefix,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from ledger.ledger import Ledger
 from ledger.merkle import TreeHead
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
-from tests.daemons import START_TIMEOUT, Daemon, init_home, start
+from tests.daemons import START_TIMEOUT, Daemon, expledger, init_home, start
 from tests.factories import SEED_TEXTS
 
 P2P = "/ip4/127.0.0.1/tcp/0"
@@ -216,6 +217,38 @@ def test_a_burst_through_a_line_arrives_whole(tmp_path):
         wait_until(lambda: converged(nodes, len(ops)), "every operation on every node")
         for node in nodes[1:]:
             assert node.call("peers")["self"]["orphans"] == {"waiting": 0, "evicted": 0, "expired": 0}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_node_refuses_to_dial_itself_by_peer_id_or_by_address_and_says_why_a_dial_failed_in_its_log(tmp_path):
+    from p2p.host import key_pair
+    from p2p.host import peer_id as id_of
+
+    other = str(id_of(key_pair(bytes(range(32)))))
+    with network(tmp_path) as net:
+        a = net.start("a")
+        own, own_id = addr(a), peer_id(a)
+        where = own.rsplit("/p2p/", 1)[0]
+        for target in (own, f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{own_id}", f"{where}/p2p/{other}"):
+            error = a.request("peers.connect", {"addr": target})["error"]
+            assert (error["code"], error["data"]["code"], error["data"]["field"]) == (-32602, "p2p.self_dial", "addr")
+            assert error["message"].endswith("; a node does not dial itself"), error
+        assert a.call("peers")["peers"] == []  # it never listed itself as a peer
+        cli = expledger("connect", own, home=a.home)
+        assert cli.returncode == 1 and cli.stderr.startswith("expledger: error: p2p.self_dial: addr: "), cli.stderr
+
+        refused = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/{other}"  # nobody listens there
+        error = a.request("peers.connect", {"addr": refused})["error"]
+        assert (error["code"], error["message"]) == (-32005, f"{refused}: cannot connect (the node's log says why)")
+        garbage = "/ip4/" + "9" * 900
+        error = a.request("peers.connect", {"addr": garbage})["error"]
+        assert (error["code"], error["data"]["code"]) == (-32602, "p2p.address") and len(error["message"]) < 200
+    assert f"dialling {refused} failed" in (tmp_path / "a" / "daemon.stderr").read_text()
 
 
 def test_partitioned_halves_heal_and_the_conflict_rules_hold(tmp_path):

@@ -23,7 +23,7 @@ from ledger.store import Store
 from p2p import gossip, orphans
 from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
 from p2p.gossip import GossipBatch, GossipError, Outbox
-from p2p.host import key_pair
+from p2p.host import key_pair, reaches_listener, tcp_endpoint
 from p2p.orphans import Orphan, OrphanPool
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
@@ -588,6 +588,24 @@ def test_an_origins_allowance_refills_at_its_rate_and_caps_at_its_burst():
     assert not allowance.take(origin, 1)  # a refusal spends nothing, and nothing came back meanwhile
     now[0] = 1000.0
     assert allowance.take(origin, 100) and not allowance.take(origin, 1)  # refilled, but never above the burst
+
+
+@pytest.mark.parametrize(
+    ("dial", "listening", "reaches"),
+    [
+        ("/ip4/127.0.0.1/tcp/4645/p2p/X", ["/ip4/127.0.0.1/tcp/4645"], True),
+        ("/ip4/0.0.0.0/tcp/4645/p2p/X", ["/ip4/127.0.0.1/tcp/4645"], True),  # connect() to 0.0.0.0 is loopback
+        ("/ip4/127.0.0.1/tcp/4645/p2p/X", ["/ip4/0.0.0.0/tcp/4645"], True),  # a listener on every address
+        ("/ip6/::1/tcp/4645/p2p/X", ["/ip6/::/tcp/4645"], True),
+        ("/ip4/127.0.0.1/tcp/4646/p2p/X", ["/ip4/127.0.0.1/tcp/4645"], False),  # another port: another node
+        ("/ip4/127.0.0.2/tcp/4645/p2p/X", ["/ip4/127.0.0.1/tcp/4645"], False),  # another address, bound elsewhere
+        ("/ip4/192.0.2.7/tcp/4645/p2p/X", ["/ip4/0.0.0.0/tcp/4645"], False),  # TEST-NET-1: not this machine's
+        ("/dns4/localhost/tcp/4645/p2p/X", ["/ip4/127.0.0.1/tcp/4645"], False),  # a name is not resolved here
+    ],
+)
+def test_a_dial_reaches_this_nodes_listener_by_address_and_port(dial, listening, reaches):
+    endpoint = tcp_endpoint(dial)
+    assert (endpoint is not None and reaches_listener(endpoint, map(tcp_endpoint, listening))) is reaches
 
 
 # --- discovery: what a peer tells us, and the address book --------------------------------------------

@@ -187,3 +187,40 @@ def test_the_configuration_table_is_the_code():
         name, key = dotted.split(".")
         value = getattr(getattr(config, name), key)
         assert json.loads(shown) == (list(value) if isinstance(value, tuple) else value), dotted
+
+
+AGENTS = "Agents: the proxy and the Python client"
+SPEED = "When computing an average speed, divide the total distance by the total time; never multiply them."
+
+
+def test_the_agent_example_runs_against_a_node_and_its_proxy(tmp_path):
+    """The README's agent: it retrieves, asks the LLM through the proxy (the fake upstream records what it got)
+    and adds an experience; run as written, with EXPLEDGER_HOME naming the node."""
+    from tests.daemons import init_home, running
+    from tests.dso_fakes import Reply, fake_llm
+
+    section = README.read_text().split(f"\n## {AGENTS}\n", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    assert len([line for line in example.splitlines() if line.strip()]) <= 12
+    home = tmp_path / "home"
+    init_home(home)
+    with fake_llm(lambda request: Reply("Speed is 120 / 1.5 = 80. Answer: 80")) as fake:
+        with open(home / "config.toml", "a") as config:
+            config.write(f'\n[proxy]\nlisten = "127.0.0.1:0"\nupstream = "{fake.url}"\n')
+        with running(home) as daemon:
+            speed = daemon.call("add", {"text": SPEED, "domain": "math.arithmetic", "confidence": 0.8})["cid"]
+            result = subprocess.run(
+                [sys.executable, "-c", example],
+                env={**os.environ, "EXPLEDGER_HOME": str(home)},
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert result.returncode == 0, result.stderr
+            lines = result.stdout.splitlines()
+            assert lines[0].endswith(SPEED)  # retrieved
+            assert lines[-2] == f"Speed is 120 / 1.5 = 80. Answer: 80 ['{speed}']"  # answered through the proxy
+            assert lines[-1] == "applied"  # and its lesson added
+            (sent,) = fake.requests
+            assert SPEED in sent["messages"][-1]["content"]
+            assert daemon.call("status")["live_experiences"] == 2

