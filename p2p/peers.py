@@ -94,6 +94,8 @@ class Peer:
     sync_failures: int = 0
     next_sync: float = 0.0  # monotonic: no sync before (backoff after failures)
     in_flight: int = 0  # sync requests open to it
+    speaks_sync: bool = True  # False once it refused the sync protocol (a libp2p peer that is not a node), until
+    # it reconnects: sync no longer asks it, and `status` does not wait for it
     ping_misses: int = 0  # pings in a row it did not answer in time
     wanted: trio.Event = field(default_factory=trio.Event)  # set: sync with it soon
     scope: trio.CancelScope | None = None  # its sync loop, while connected

@@ -289,10 +289,11 @@ class P2PNode:
         await self.host.disconnect(peer_id)
 
     def sync_status(self) -> dict[str, Any]:
-        """In sync when every connected peer has been reconciled with since it connected and nothing it listed
-        (found missing, or fetched and waiting for ingest), nor anything an orphan waits for, is missing here."""
+        """In sync when every connected peer that speaks sync has been reconciled with since it connected and
+        nothing it listed (found missing, or fetched and waiting for ingest), nor anything an orphan waits for, is
+        missing here."""
         connected = self.connected()
-        unreconciled = sum(1 for peer in connected if not peer.last_sync)
+        unreconciled = sum(1 for peer in connected if not peer.last_sync and peer.speaks_sync)
         behind = len(self._wanted) + self._fetched_queued + len(self.orphans)
         return {
             "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
@@ -542,6 +543,8 @@ class P2PNode:
             if (backoff := peer.next_sync - time.monotonic()) > 0:
                 await trio.sleep(backoff)
             peer.wanted = trio.Event()
+            if not peer.speaks_sync:
+                continue
             async with self._syncs:
                 try:
                     await self.sync_with(peer)
@@ -589,6 +592,7 @@ class P2PNode:
         except (SyncError, LedgerError) as exc:
             log.info("sync with %s failed: %s", peer.id, exc)
             peer.sync_failed(exc.code)
+            peer.speaks_sync = exc.code != "sync.unsupported"
         finally:
             peer.in_flight -= 1
 
@@ -749,6 +753,7 @@ class P2PNode:
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
                     peer.connected_since, peer.last_sync, peer.settled_size = time.time(), 0.0, -1
+                    peer.speaks_sync = True
                     self.discovery.connected(peer.id)
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)

@@ -51,6 +51,7 @@ from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
 from ledger.store import write_file_atomically
 from ledger.view import LedgerView
+from p2p.host import refused_protocol
 from p2p.reconcile import (
     LEAF_BITS,
     LEVELS,
@@ -313,7 +314,8 @@ async def ask(host: IHost, peer: ID, request: dict[str, Any], most: int) -> list
     try:
         stream = await host.new_stream(peer, [SYNC_PROTOCOL])
     except Exception as exc:  # libp2p raises several types when a peer cannot open the protocol
-        raise SyncError("sync.stream", f"cannot open {SYNC_PROTOCOL} to {peer}: {exc}") from None
+        code = "sync.unsupported" if refused_protocol(exc) else "sync.stream"
+        raise SyncError(code, f"cannot open {SYNC_PROTOCOL} to {peer}: {exc}") from None
     frames: list[bytes] = []
     try:
         await stream.write(frame(codec.encode(request)))

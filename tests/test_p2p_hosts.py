@@ -616,6 +616,36 @@ def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
     assert node.peer(rogue.get_id()).banned
 
 
+def test_a_peer_that_does_not_speak_sync_leaves_the_node_in_sync(tmp_path, target):
+    """A libp2p peer that is not a node (tests/interop's JS peer: gossip only) answers "na" to
+    the sync protocol: the node stops asking it and does not wait for it to say "in sync"."""
+    node = P2PNode(
+        key_pair(secrets.token_bytes(32)),
+        ["/ip4/127.0.0.1/tcp/0"],
+        [],
+        LedgerPortOverLedger(target),
+        LogStates(tmp_path),
+    )
+    gossip_only = _noise_host()
+
+    async def main() -> dict[str, Any]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(node.run)
+                async with running(gossip_only):
+                    await connect(gossip_only, addrs[0], 10)
+                    peer = node.peer(gossip_only.get_id())
+                    while peer.sync_state == "idle" or peer.in_flight:  # the round at connect has ended
+                        await trio.sleep(0.01)
+                    status = node.sync_status()
+                node.stop.set()
+        return status
+
+    status = trio.run(main)
+    assert (status["state"], status["unreconciled"], status["peers"]) == ("in sync", 0, 1)
+    assert node.peer(gossip_only.get_id()).sync_state == "failed: sync.unsupported"
+
+
 # --- gossip copies ----------------------------------------------------------------------------------
 
 
