@@ -97,9 +97,16 @@ class LedgerPort(Protocol):
     async def read(self, function: Callable[..., Any], *args: Any) -> Any: ...
 
     async def ingest(
-        self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None
+        self,
+        ops: list[bytes],
+        source: Source,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
     ) -> list[Receipt] | None:
-        """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued)."""
+        """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued). `queued` is
+        set once `ops` are in the queue (or refused), before they are durable."""
         ...
 
 
@@ -484,12 +491,13 @@ class P2PNode:
         *,
         wait: bool,
         lane: str | None = None,
+        queued: trio.Event | None = None,
     ) -> int:
         """The second half of `_deliver`: into the ingest queue; how many the ledger rejected."""
         if not ready:
             return 0
         try:
-            receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane)
+            receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane, queued=queued)
         finally:
             self._queued.subtract(present)
             for cid in present:
@@ -616,6 +624,8 @@ class P2PNode:
         the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, then queued
         for ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan).
         An operation waits FETCH_GRACE after it was found, since gossip usually delivers it meanwhile."""
+        turn = trio.Event()  # set once the previous chunk is in the ingest queue: chunks queue in clock order
+        turn.set()
         async with trio.open_nursery() as ingesting:
             while True:
                 if not self._wanted:
@@ -639,7 +649,9 @@ class P2PNode:
                     ready, present = self._admit(blocks, source)
                     await self._ingest_slots.acquire()
                     self._fetched_queued += len(ready)
-                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer)
+                    queued = trio.Event()
+                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
+                    turn = queued
 
     def _window(self) -> list[bytes]:
         """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
@@ -710,13 +722,26 @@ class P2PNode:
                 want.peers.discard(peer_id)
                 heapq.heappush(self._fetch_order, (want.clock, cid))
 
-    async def _ingest_fetched(self, ready: list[bytes], present: set[bytes], source: Source, peer: Peer) -> None:
+    async def _ingest_fetched(
+        self,
+        ready: list[bytes],
+        present: set[bytes],
+        source: Source,
+        peer: Peer,
+        turn: trio.Event,
+        queued: trio.Event,
+    ) -> None:
+        """Queue a fetched chunk for ingest after the chunk before it (`turn`), so no operation reaches the ledger
+        before its dependencies: one that did would wait there as pending, and while any operation is pending every
+        operation applied costs a scan for its waiters (measured: half of a 10,000-operation catch-up's ingest)."""
         try:
-            if await self._submit(ready, present, source, peer, wait=True, lane="sync"):
+            await turn.wait()
+            if await self._submit(ready, present, source, peer, wait=True, lane="sync", queued=queued):
                 await self._penalise(peer, PENALTY_MISBEHAVIOUR, "sync: it served operations ingest rejected")
         except Exception:  # one chunk must not end the node; what it held is found missing again by the next round
             log.exception("ingesting %d operations fetched from %s failed", len(ready), peer.id)
         finally:
+            queued.set()
             self._fetched_queued -= len(ready)
             self._ingest_slots.release()
 

@@ -525,6 +525,7 @@ class LedgerPortOverLedger:
     def __init__(self, ledger: Ledger) -> None:
         self.ledger, self.params, self.node_did = ledger, ledger.params, ledger.node_key.did
         self.writer = trio.Lock()  # one ingest at a time, as the node's single writer
+        self.released: list[CID] = []  # operations stored pending that a later batch applied
 
     def view(self) -> Any:
         return self.ledger.view()
@@ -532,9 +533,25 @@ class LedgerPortOverLedger:
     async def read(self, function: Callable[..., Any], *args: Any) -> Any:
         return await read(function, *args)
 
-    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None) -> list[Any]:
-        async with self.writer:
-            return await trio.to_thread.run_sync(self.ledger.ingest, [Submission(op, source) for op in ops])
+    async def ingest(
+        self,
+        ops: list[bytes],
+        source: Source,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
+    ) -> list[Any]:
+        try:
+            await self.writer.acquire()  # trio's locks are fair: holders in the order they asked
+        finally:
+            if queued is not None:
+                queued.set()
+        try:
+            submissions = [Submission(op, source) for op in ops]
+            return await trio.to_thread.run_sync(partial(self.ledger.ingest, submissions, released=self.released))
+        finally:
+            self.writer.release()
 
 
 def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(tmp_path):
@@ -546,8 +563,10 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
     for ledger in holders:
         ingest(ledger, history)
 
+    ports = {}
+
     def p2p_node(ledger: Ledger, name: str, bootstrap: list[str]) -> P2PNode:
-        port = LedgerPortOverLedger(ledger)
+        port = ports[name] = LedgerPortOverLedger(ledger)
         return P2PNode(
             key_pair(secrets.token_bytes(32)),
             ["/ip4/127.0.0.1/tcp/0"],
@@ -574,6 +593,7 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
         client = trio.run(main)
         assert fresh.view().state_root() == holders[0].view().state_root()
         assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert ports["p2p-fresh"].released == []  # queued in clock order: none waited in the ledger as pending
         shares = [peer.fetched for peer in client.peers.values()]
         assert sum(shares) == len(history) and sum(1 for share in shares if share) >= 2  # spread over peers
     finally:
