@@ -17,6 +17,7 @@ from libp2p.peer.id import ID
 from trio.testing import MockClock
 
 from ledger import codec
+from ledger.cid import CID, CID_LENGTH
 from ledger.errors import LedgerError
 from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
 from ledger.store import Store
@@ -25,6 +26,7 @@ from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
 from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import key_pair, reaches_listener, tcp_endpoint
 from p2p.orphans import Orphan, OrphanPool
+from p2p.reconcile import decode_item
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
 
@@ -680,3 +682,48 @@ def test_the_address_book_is_bounded_backs_off_failures_and_forgets_the_worst_fi
     book.dialled(peers[4], ok=False)
     book.dialled(peers[4], ok=True)
     assert peers[4] in book.candidates(set()) and peers[4] not in book.candidates({peers[4]})
+
+
+# --- reconciliation: a listed item read by hand ----------------------------------------------------------------
+
+
+def _item_by_the_general_decoder(payload: bytes) -> tuple[int, bytes] | None:
+    """What decode_item must accept: exactly canonical DAG-CBOR [uint, a binary CID of a DAG-CBOR operation]."""
+    try:
+        item = codec.decode(payload)
+    except LedgerError:
+        return None
+    if type(item) is not list or len(item) != 2 or type(item[0]) is not int or item[0] < 0:
+        return None
+    if type(item[1]) is not bytes or len(item[1]) != CID_LENGTH or item[1][:4] != CID.for_block(b"").raw[:4]:
+        return None
+    return item[0], item[1]
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    clock=st.one_of(st.integers(0, 30), st.integers(0, 2**64 - 1)),
+    digest=st.binary(min_size=32, max_size=32),
+    edit=st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 60), st.integers(0, 255)),  # one byte changed
+        st.integers(0, 60),  # cut short
+        st.binary(min_size=1, max_size=3),  # trailing bytes
+    ),
+)
+def test_a_listed_item_read_by_hand_is_what_the_general_decoder_accepts(clock, digest, edit):
+    payload = codec.encode([clock, CID.for_block(b"").raw[:4] + digest])
+    if isinstance(edit, tuple):
+        at, value = edit
+        payload = payload[:at] + bytes([value]) + payload[at + 1 :] if at < len(payload) else payload
+    elif isinstance(edit, int):
+        payload = payload[:edit]
+    elif isinstance(edit, bytes):
+        payload += edit
+    expected = _item_by_the_general_decoder(payload)
+    if expected is None:
+        with pytest.raises(LedgerError) as caught:
+            decode_item(payload)
+        assert caught.value.code == "sync.list"
+    else:
+        assert decode_item(payload) == expected
