@@ -733,7 +733,7 @@ class P2PNode:
     ) -> None:
         """Queue a fetched chunk for ingest after the chunk before it (`turn`), so no operation reaches the ledger
         before its dependencies: one that did would wait there as pending, and while any operation is pending every
-        operation applied costs a scan for its waiters (measured: half of a 10,000-operation catch-up's ingest)."""
+        operation applied costs a scan for its waiters (measured: 41% of a 10,000-operation catch-up's ingest)."""
         try:
             await turn.wait()
             if await self._submit(ready, present, source, peer, wait=True, lane="sync", queued=queued):
