@@ -1,13 +1,16 @@
 """Network benchmark: a fresh node catching up by sync, and propagation latency across real daemons.
 
-Usage: python -m bench.bench_network [--catch-up 10000] [--nodes 5] [--rates 10,100] [--seconds 10]
-                                     [--batching 3000] [--only catch-up|propagation|batching|rogue ...]
+Usage: python -m bench.bench_network [--catch-up 10000] [--catch-up-peers 5] [--nodes 5] [--rates 10,100]
+                                     [--seconds 10] [--batching 3000] [--burst 1000]
+                                     [--only catch-up|propagation|batching|rogue|scale ...]
 
 Figures, each against a baseline measured in the same run:
   catch-up     N operations (bench.workload) ingested in-process into node A's data directory, in batches of
-               1,000: the local ingest rate (the baseline). Then A runs as a daemon and a fresh node B,
-               bootstrapped to A, reads A's log through sync: B's ops/s from its start until it holds all N,
-               as a ratio to the local ingest rate (target >= 0.5). B's progress is printed as it goes.
+               1,000: the local ingest rate (the baseline). Then A and --catch-up-peers - 1 copies of its data
+               (each its own node) run as daemons and a fresh node B, bootstrapped to all of them, catches up
+               by sync: B's ops/s from when it is ready (and from its process start) until it holds all N, as
+               a ratio to the local ingest rate (target >= 0.8); what B fetched (each operation once?) and
+               from which peer.
   propagation  K daemons in a line (each bootstraps to the one before; separate processes). Operations are
                added through the RPC of nodes picked at random, at R per second for S seconds; every node's
                /events stream reports when each operation is applied there. Latency = applied on the last
@@ -20,6 +23,14 @@ Figures, each against a baseline measured in the same run:
   rogue        propagation among K daemons at the first rate, first alone, then while a rogue peer
                (tests/rogue_peer.py) floods node 0 at full speed with valid low-clock operations and duplicates:
                the honest p95 with the flood as a ratio to without it.
+
+  scale        --nodes daemons (50 for the figures), each knowing only the first (discovery connects the rest),
+               each with `[retrieval] model = "network"`. A burst of --burst operations (10 independent causal
+               streams) is submitted at once through 10 nodes, one JSON-RPC batch each. Ingest: first submit to the last
+               submit returned (the baseline: each origin holds its share durably). Propagation: last submit
+               returned until all state roots agree (target < 2 s). Per node: operations and bytes received
+               (gossip + sync) per operation it lacked (all but those submitted to it), as a ratio to the
+               minimum of 1 (target <= 2); and RSS per daemon.
 
 Every process runs on this machine: K daemons and the driver share its cores.
 """
@@ -34,21 +45,25 @@ import math
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import websockets.exceptions
 import websockets.sync.client
 
 from bench.bench_index import percentile
 from bench.workload import SUBJECTS, operations
-from ledger.ledger import Ledger
+from ledger.cid import CID
+from ledger.ledger import HEAD_FILE, NODE_KEY, Ledger
 from ledger.params import NetworkParams
 from node.home import Home
 from tests.daemons import Daemon, init_home, start
@@ -79,7 +94,22 @@ def addr(node: Daemon) -> str:
 # --- catch-up ------------------------------------------------------------------------------------------
 
 
-def bench_catch_up(count: int) -> None:
+def copy_data(source: Path, home: Path) -> None:
+    """Give `home` the data of `source` (the same operations and log), keeping its own node key (and leaving
+    out the mark of the last head `source`'s key signed)."""
+    data = home / "data"
+    for item in (source / "data").iterdir():
+        if item.name in (NODE_KEY, HEAD_FILE):
+            continue
+        target = data / item.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
+        (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
+
+
+def bench_catch_up(count: int, peers: int) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
         a_home = node_home(root, "a", None, [])
@@ -100,33 +130,51 @@ def bench_catch_up(count: int) -> None:
         finally:
             ledger.close()
         local = count / elapsed
-        a = start(a_home)
-        try:
-            b_home = node_home(root, "b", a_home / "network.json", [addr(a)])
+        homes = [a_home]
+        for number in range(1, peers):  # the other peers hold the same operations, each with its own node key
+            homes.append(node_home(root, f"a{number}", a_home / "network.json", []))
+            copy_data(a_home, homes[-1])
+        with ExitStack() as running:
+            servers = []
+            for home in homes:
+                servers.append(start(home))
+                running.callback(servers[-1].stop)
+            b_home = node_home(root, "b", a_home / "network.json", [addr(server) for server in servers])
             started = time.perf_counter()
             b = start(b_home)
-            try:
-                last = -1
-                while True:
-                    size = b.call("status")["log_size"]
-                    if size >= count:
-                        break
-                    if size != last:
-                        sync = b.call("status")["p2p"]["sync"]
-                        progress(f"  B: {size:,}/{count:,} ({sync['state']}, {time.perf_counter() - started:.1f} s)")
-                        last = size
-                    time.sleep(1.0)
-                took = time.perf_counter() - started
-                same = a.call("state_root") == b.call("state_root")
-            finally:
-                b.stop()
-        finally:
-            a.stop()
-    rate = count / took
-    print(f"\n## catch-up: a fresh node reads {count:,} operations from one peer\n")
-    print("| local ingest (baseline) | catch-up by sync (from B's start) | ratio (target >= 0.5) | state roots equal |")
-    print("| --- | --- | --- | --- |")
-    print(f"| {local:,.0f} ops/s | {rate:,.0f} ops/s ({took:.1f} s) | **{rate / local:.2f}** | {same} |")
+            ready = time.perf_counter()
+            running.callback(b.stop)
+            last = -1
+            while True:
+                size = b.call("status")["log_size"]
+                if size >= count:
+                    break
+                if size != last:
+                    sync = b.call("status")["p2p"]["sync"]
+                    progress(f"  B: {size:,}/{count:,} ({sync['state']}, {time.perf_counter() - started:.1f} s)")
+                    last = size
+                time.sleep(0.2)
+            took = time.perf_counter() - started
+            same = servers[0].call("state_root") == b.call("state_root")
+            sync = b.call("status")["p2p"]["sync"]
+            table = {p["peer_id"]: p["sync"]["fetched"] for p in b.call("peers")["peers"]}
+            shares = sorted((table.get(peer_id(server), 0) for server in servers), reverse=True)
+    rate, synced = count / took, count / (took - (ready - started))
+    print(f"\n## catch-up: a fresh node fetches {count:,} operations from {peers} peers that hold them all\n")
+    print(
+        "| local ingest (baseline) | catch-up by sync, from B ready (from its start) | ratio (target >= 0.8) "
+        "| fetched by sync (duplicates) | from each peer | state roots equal |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        f"| {local:,.0f} ops/s | {synced:,.0f} ops/s ({rate:,.0f} ops/s, {took:.1f} s) | **{synced / local:.2f}** "
+        f"({rate / local:.2f}) | {sync['fetched']:,} ({sync['duplicates']}) | "
+        f"{', '.join(f'{share:,}' for share in shares)} | {same} |"
+    )
+
+
+def peer_id(node: Daemon) -> str:
+    return addr(node).rsplit("/p2p/", 1)[1]
 
 
 # --- propagation --------------------------------------------------------------------------------------
@@ -360,25 +408,162 @@ SUBMIT_BATCH = 100  # submits per JSON-RPC batch in the batching measurement
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+# --- scale -------------------------------------------------------------------------------------------------
+
+SUBMITTERS = 10
+STARTS_AT_ONCE = 6  # daemons loading at once (each loads for seconds of CPU)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def read_bytes(pid: int) -> int:
+    """Bytes the process read by read(2) and friends: sockets and files (an upper bound on what it received)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextmanager
+def swarm(root: Path, count: int) -> Iterator[list[Daemon]]:
+    """`count` daemons that know only the first, started several at once; stopped when the block ends."""
+    nodes: list[Daemon] = []
+    try:
+        nodes.append(start(node_home(root, "n0", None, [])))
+        genesis, bootstrap = nodes[0].home / "network.json", [addr(nodes[0])]
+        with ThreadPoolExecutor(STARTS_AT_ONCE) as pool:
+            homes = list(pool.map(lambda i: node_home(root, f"n{i}", genesis, bootstrap), range(1, count)))
+            futures = [pool.submit(start, home, timeout=300) for home in homes]
+            for future in futures:
+                nodes.append(future.result())
+        yield nodes
+    finally:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(lambda node: node.stop(), nodes))
+
+
+def on_all(nodes: list[Daemon], method: str) -> list[Any]:
+    with ThreadPoolExecutor(16) as pool:
+        return list(pool.map(lambda node: node.call(method), nodes))
+
+
+def bench_scale(count: int, burst: int) -> None:
+    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
+        root = Path(tmp)
+        began = time.monotonic()
+        with swarm(root, count) as nodes:
+            all_ready = time.monotonic()
+            progress(f"{count} daemons started in {all_ready - began:.0f} s; waiting for discovery ...")
+            wanted = min(6, count - 1)
+            while (peers := [s["p2p"]["sync"]["peers"] for s in on_all(nodes, "status")]) and min(peers) < wanted:
+                if time.monotonic() - began > 600:
+                    raise RuntimeError(f"discovery: after 600 s the fewest peers of a node is {min(peers)}")
+                time.sleep(1.0)
+            connected_after, after_ready = time.monotonic() - began, time.monotonic() - all_ready
+            progress(f"every node holds >= {wanted} peers ({connected_after:.0f} s after the first start)")
+            params = NetworkParams.from_file(nodes[0].home / "network.json")
+            origins = nodes[:: max(1, count // SUBMITTERS)][:SUBMITTERS]
+            streams = [
+                [block.data for block in operations(burst // len(origins), params, seed=seed)]
+                for seed in range(1, len(origins) + 1)
+            ]
+            sizes = {CID.for_block(op).raw: len(op) for stream in streams for op in stream}
+            originated = {
+                node.process.pid: [len(op) for op in stream] for node, stream in zip(origins, streams, strict=True)
+            }
+            before = {node.process.pid: read_bytes(node.process.pid) for node in nodes}
+            counters_before = [table["self"]["counters"] for table in on_all(nodes, "peers")]
+
+            def submit(pair: tuple[Daemon, list[bytes]]) -> float:
+                node, ops = pair
+                body = [
+                    {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op.hex()}}
+                    for i, op in enumerate(ops)
+                ]
+                answers = node.http.post(node.url, json=body, timeout=300).json()
+                assert all("error" not in answer for answer in answers), answers
+                return time.monotonic()
+
+            first = time.monotonic()
+            with ThreadPoolExecutor(SUBMITTERS) as pool:
+                last = max(pool.map(submit, zip(origins, streams, strict=True)))
+            while True:
+                roots = {(r["state_root"], r["log_size"]) for r in on_all(nodes, "state_root")}
+                if len(roots) == 1 and next(iter(roots))[1] == len(sizes):
+                    agreed = time.monotonic()
+                    break
+                if time.monotonic() - last > 300:
+                    raise RuntimeError(f"the roots did not agree within 300 s: {len(roots)} distinct")
+                time.sleep(0.05)
+            statuses = [table["self"] for table in on_all(nodes, "peers")]
+            received, volume, reads = [], [], []
+            for node, status, old in zip(nodes, statuses, counters_before, strict=True):
+                own = originated.get(node.process.pid, [])
+                lacked, minimum = len(sizes) - len(own), sum(sizes.values()) - sum(own)
+                new = status["counters"]
+                ops = new["gossip_operations_received"] - old["gossip_operations_received"]
+                ops += new["sync_fetched"] - old["sync_fetched"]
+                got = new["gossip_bytes_received"] - old["gossip_bytes_received"]
+                got += new["sync_bytes_received"] - old["sync_bytes_received"]
+                received.append(ops / lacked)
+                volume.append(got / minimum)
+                reads.append((read_bytes(node.process.pid) - before[node.process.pid]) / minimum)
+            rss = sorted(rss_mb(node.process.pid) for node in nodes)
+            peers = sorted(s["sync"]["peers"] for s in statuses)
+            fetched = sum(s["sync"]["fetched"] for s in statuses)
+            load = os.getloadavg()
+    print(f"\n## scale: {count} daemons that know only the first, a burst of {len(sizes):,} operations via 10\n")
+    print(
+        f"discovery: every node held >= {wanted} peers {connected_after:.0f} s after the first start, "
+        f"{after_ready:.1f} s after the last was ready;"
+    )
+    print(f"peers per node after the burst: min {peers[0]}, median {peers[len(peers) // 2]}, max {peers[-1]}\n")
+    print("| ingest (first submit to last returned; baseline) | propagation (last returned to all roots equal) |")
+    print("| --- | --- |")
+    print(f"| {last - first:.2f} s | **{agreed - last:.2f} s** ({(agreed - last) / (last - first):.2f}x ingest) |")
+    print("\nper node, per operation it lacked (the minimum is 1: each received once):\n")
+    print("| | median | max |")
+    print("| --- | --- | --- |")
+    for label, values in (
+        ("operations received (gossip + sync)", received),
+        ("payload bytes received / minimum", volume),
+        ("bytes read(2) by the process / minimum (sockets and files: an upper bound)", reads),
+    ):
+        values = sorted(values)
+        print(f"| {label} | {values[len(values) // 2]:.2f} | {values[-1]:.2f} |")
+    print(f"\noperations fetched by sync over all nodes: {fetched:,}")
+    print(f"RSS per daemon: median {rss[len(rss) // 2]:.0f} MB, max {rss[-1]:.0f} MB, total {sum(rss) / 1024:.1f} GB")
+    print(f"load average during the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--catch-up", type=int, default=10_000, dest="catch_up")
+    parser.add_argument("--catch-up-peers", type=int, default=5, dest="catch_up_peers")
     parser.add_argument("--nodes", type=int, default=5)
     parser.add_argument("--rates", default="10,100")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batching", type=int, default=3000, help="operations for the batching measurement")
-    parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue"], action="append")
+    parser.add_argument("--burst", type=int, default=1000, help="operations in the scale measurement's burst")
+    parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue", "scale"], action="append")
     args = parser.parse_args(argv)
-    wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue"])
+    wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue", "scale"])
     rates = [int(rate) for rate in args.rates.split(",")]
     if "catch-up" in wanted:
-        bench_catch_up(args.catch_up)
+        bench_catch_up(args.catch_up, args.catch_up_peers)
     if "propagation" in wanted:
         bench_propagation(args.nodes, rates, args.seconds)
     if "batching" in wanted:
         bench_batching(args.batching)
     if "rogue" in wanted:
         bench_rogue(args.nodes, rates[0], args.seconds)
+    if "scale" in wanted:
+        bench_scale(args.nodes, args.burst)
     return 0
 
 

@@ -126,15 +126,18 @@ def ask(node: NodeSpec, method: str) -> dict[str, Any]:
 
 
 def wait_converged(nodes: list[NodeSpec], say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> str:
-    """Wait until every node has the same state root: the same set of operations, so each holds everything
-    any of them was given. Returns the root."""
+    """Wait until every node has the same state root (the same set of operations, so each holds everything
+    any of them was given) and says it is in sync (nothing it found missing is still on its way). Returns the
+    root."""
     started = time.monotonic()
     while True:
         states = {}
         for node in nodes:
             answer = ask(node, "state_root")
             states[node.name] = (answer["state_root"], answer["log_size"])
-        if len(set(states.values())) == 1:
+        if len(set(states.values())) == 1 and all(
+            ask(node, "status")["p2p"]["sync"]["state"] == "in sync" for node in nodes
+        ):
             root, size = next(iter(states.values()))
             say(f"  converged in {time.monotonic() - started:.1f} s: {size} operations, state root {root[:16]}… on all")
             return root

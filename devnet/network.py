@@ -5,9 +5,9 @@
     DIR/node1 … nodeN the homes (node/home.py), each with its daemon's log in daemon.log
 
 Node i (from 1) listens for RPC on 127.0.0.1:BASE+2(i-1) and for libp2p on BASE+2(i-1)+1, so every
-address is known before anything starts. Node i > 1 bootstraps from node1 and, from node3 on, from
-node i-1 too: a star through node1 with a chain beside it, so stopping any one node (node1 included)
-leaves the others connected, and a restarted node is redialled by its neighbours and redials them.
+address is known before anything starts. Node i > 1 knows only node1 (its [p2p] bootstrap); peer discovery
+(p2p/discovery.py) connects each node to up to 8 others, so stopping any one node (node1 included) leaves the
+others connected, and a restarted node dials node1 and finds the rest again.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ NETWORK = "network.json"
 WAIT_TIMEOUT = 240.0
 POLL = 0.25
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
+MIN_PEERS = 6  # GossipSub's mesh degree: `up` waits until every node has this many peers, or all the others
 #: node.daemon.LOG_FILE, where a detached daemon logs (importing node.daemon loads libp2p: 0.5 s per command)
 LOG_FILE = "daemon.log"
 
@@ -130,16 +131,14 @@ def ports_of(index: int, base_port: int) -> tuple[int, int]:
 
 
 def bootstrap_of(index: int) -> list[int]:
-    """The nodes node `index` dials at start (and redials whenever the connection drops)."""
-    if index == 1:
-        return []
-    return [1] if index == 2 else [1, index - 1]
+    """The nodes node `index` knows at start: node1 (discovery finds the others)."""
+    return [] if index == 1 else [1]
 
 
-def neighbours_of(index: int, count: int) -> set[int]:
-    """Every node `index` is connected to once the devnet is up: those it dials and those that dial it."""
-    dialled_by = {other for other in range(1, count + 1) if index in bootstrap_of(other)}
-    return set(bootstrap_of(index)) | dialled_by
+def _natural(name: str) -> tuple[int, str]:
+    """node2 before node10."""
+    digits = name.removeprefix("node")
+    return (int(digits), name) if digits.isdigit() else (1 << 30, name)
 
 
 def check_base_port(base_port: int, count: int) -> None:
@@ -305,35 +304,31 @@ class Devnet:
             )
 
     def wait_connected(self, nodes: list[NodeSpec], say: Callable[[str], None], timeout: float = WAIT_TIMEOUT) -> None:
-        """Wait until each of `nodes` is connected to the running nodes it dials and to those of its neighbours
-        that started with it, saying so node by node. (A neighbour that ran all along redials a restarted node
-        with a backoff of up to 30 s: not worth a wait, the node is connected through its own dials.)"""
-        started_together = {node.index for node in nodes}
+        """Wait until each of `nodes` is connected to its running bootstrap node and to at least
+        min(MIN_PEERS, other running nodes) peers (found by discovery), saying so node by node."""
         peer_ids = {node.index: self.peer_id(node) for node in self.nodes}
+        names = {peer: f"node{index}" for index, peer in peer_ids.items()}
         started = time.monotonic()
         waiting = {node.index: "not answering yet" for node in nodes}
         next_progress = started + PROGRESS_EVERY
         while waiting:
+            running = {node.index for node in self.nodes if node.state() == "running"}
             for index in list(waiting):
                 node = self.node_at(index)
-                expected = {
-                    n
-                    for n in neighbours_of(index, len(self.nodes))
-                    if (n in started_together or n in bootstrap_of(index)) and self.node_at(n).state() == "running"
-                }
                 try:
                     table = node.client(timeout=10).call("peers")
                 except (DaemonUnavailable, RpcFailed) as exc:
                     waiting[index] = f"not answering ({exc.code})"
                     continue
                 connected = {p["peer_id"] for p in table["peers"] if p["connected"]}
-                missing = sorted(n for n in expected if peer_ids[n] not in connected)
-                if missing:
-                    waiting[index] = f"connected to {len(expected) - len(missing)} of {len(expected)} peers"
+                wanted = min(MIN_PEERS, len(running - {index}))
+                bootstrap = [n for n in bootstrap_of(index) if n in running and peer_ids[n] not in connected]
+                if bootstrap or len(connected) < wanted:
+                    waiting[index] = f"connected to {len(connected)} of {wanted} peers"
                     continue
                 del waiting[index]
-                names = ", ".join(f"node{n}" for n in sorted(expected)) or "no running neighbour"
-                say(f"  {node.name} connected: {names}")
+                shown = ", ".join(sorted((names.get(peer, peer) for peer in connected), key=_natural))
+                say(f"  {node.name} connected: {shown or 'no running neighbour'}")
             elapsed = time.monotonic() - started
             if not waiting:
                 break
@@ -457,20 +452,23 @@ def _node_status(node: NodeSpec, peer_id: str) -> dict[str, Any]:
 def wait_caught_up(
     client: Client, name: str, say: Callable[[str], None], target: int = 0, timeout: float = WAIT_TIMEOUT
 ) -> None:
-    """Wait until the node holds `target` operations or more, every connected peer's log has been read in a
-    completed sync round, and its own sync says "in sync"; says its progress whenever it changes."""
+    """Wait until the node holds `target` operations or more, has reconciled with every connected peer, and its
+    own sync says "in sync" (nothing found missing is still missing); says its progress whenever it changes."""
     started, shown = time.monotonic(), ""
     while True:
         table = client.call("peers")
         log_size = client.call("status")["log_size"]
         sync = table["self"]["sync"]
         connected = [peer for peer in table["peers"] if peer["connected"]]
-        unread = [peer for peer in connected if not peer["sync"]["last"] or peer["sync"]["read"] < peer["sync"]["head"]]
-        if connected and not unread and sync["state"] == "in sync" and log_size >= target:
-            say(f"  {name} in sync: log {log_size}, {len(connected)} peer(s) read")
+        unreconciled = [peer for peer in connected if not peer["sync"]["last"]]
+        if connected and not unreconciled and sync["state"] == "in sync" and log_size >= target:
+            say(f"  {name} in sync: log {log_size}, {len(connected)} peer(s) reconciled")
             return
         of = f" of {target}" if target else ""
-        line = f"  {name} catching up: log {log_size}{of}, {sync['behind']} behind, {len(unread)} peer log(s) to read"
+        line = (
+            f"  {name} catching up: log {log_size}{of}, {sync['behind']} missing,"
+            f" {len(unreconciled)} peer(s) to reconcile"
+        )
         if line != shown:
             say(line)
             shown = line

@@ -20,8 +20,10 @@ from ledger.records import ExperienceRecord, Life, OpStatus, Outcome, Vote
 from ledger.stateroot import StateRoot
 from ledger.store import ReadView, StoreError
 from ledger.tables import (
+    BLOCK,
     GENERATION,
     HEAD,
+    LOG,
     LOG_SIZE,
     PENDING,
     STATE_ROOT,
@@ -207,6 +209,24 @@ class LedgerView:
             if data is None:
                 raise StoreError("store.corrupt", f"log position {position} names no stored operation")
             found.append(data)
+        return found
+
+    def logged_cids(self, start: int, end: int) -> list[bytes]:
+        """The binary CIDs at log positions [start, end) (clamped to the log), read in one scan."""
+        end = min(end, self.log_size)
+        if start >= end:
+            return []
+        return [cid for _, cid in itertools.islice(self._view.scan(LOG, log_key(start)), end - start)]
+
+    def held_between(self, low: bytes, high: bytes, limit: int) -> list[tuple[int, bytes]]:
+        """(clock, binary CID) of the operations held whose binary CID lies in [low, high), in CID order, at most
+        `limit` of them: what set reconciliation lists of one range (p2p/reconcile.py)."""
+        found = []
+        for key, _ in itertools.islice(self._view.scan(BLOCK, block_key(low)), limit):
+            cid = key[len(BLOCK) :]
+            if cid >= high:
+                break
+            found.append((self._held_meta(CID(cid)).clock, cid))
         return found
 
     def position(self, cid: CID) -> int | None:

@@ -342,13 +342,14 @@ def render(method: str, result: Any, width: int | None = None) -> str:
                 _cut(p["node"], 24) or "-",
                 str(p["operations_received"]),
                 str(p["invalid"]),
-                f"{p['sync']['read']}/{p['sync']['head']}",
+                str(p["sync"]["fetched"]),
+                str(p["sync"]["head"]),
                 p["sync"]["state"],
             ]
             for p in result["peers"]
         ]
         mine = f"peer {result['self']['peer_id']}: {sync['state']} ({sync['behind']} behind, {sync['orphans']} orphans)"
-        return mine + "\n" + _table(["PEER", "STATE", "NODE", "OPS IN", "INVALID", "READ/HEAD", "SYNC"], rows)
+        return mine + "\n" + _table(["PEER", "STATE", "NODE", "OPS IN", "INVALID", "FETCHED", "HEAD", "SYNC"], rows)
     return "\n".join(
         f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else value}" for key, value in result.items()
     )

@@ -83,8 +83,11 @@ class RpcConfig:
 class P2PConfig:
     #: TCP multiaddrs to listen on; empty: no network (a node on its own)
     listen: tuple[str, ...] = (f"/ip4/127.0.0.1/tcp/{DEFAULT_P2P_PORT}",)
-    #: peers (multiaddrs ending in /p2p/PEERID) dialled at start and redialled whenever disconnected
+    #: peers (multiaddrs ending in /p2p/PEERID) dialled at start and redialled while the node has fewer than `peers`
     bootstrap: tuple[str, ...] = ()
+    #: connections peer discovery keeps: it dials peers its peers name up to this many and closes the newest beyond
+    #: three times as many; 0: no discovery (only the bootstrap peers, always redialled, and `peers.connect`)
+    peers: int = 8
     #: operations per gossip message at most (1: each alone, which costs every node far more CPU)
     gossip_batch: int = 1000
     #: new operations per second one publisher (origin) may have this node take and forward by gossip; past it
@@ -192,6 +195,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, str]]] = {
     "p2p": {
         "listen": (list, "a list of TCP multiaddrs such as /ip4/127.0.0.1/tcp/4645"),
         "bootstrap": (list, "a list of multiaddrs ending in /p2p/PEERID"),
+        "peers": (int, "an integer from 0 to 100"),
         "gossip_batch": (int, "an integer from 1 to 1000"),
         "gossip_rate": (int, "an integer from 1 to 1000000"),
         "gossip_burst": (int, "an integer from 1 to 1000000"),
@@ -292,6 +296,8 @@ def _acceptable(section: str, key: str, value: Any) -> bool:
             return all(_tcp_multiaddr(item) for item in value)
         case "p2p", "bootstrap":
             return all(_tcp_multiaddr(item, peer=True) for item in value)
+        case "p2p", "peers":
+            return 0 <= value <= 100
         case "p2p", "gossip_batch":
             return 1 <= value <= 1000
         case "p2p", "gossip_rate" | "gossip_burst":
@@ -391,10 +397,11 @@ header_timeout = {rpc.header_timeout}      # seconds a request's headers may tak
 
 [p2p]
 # libp2p (Noise-encrypted TCP). `expledger id` prints the addresses to give to other nodes;
-# bootstrap peers are dialled at start and redialled whenever the connection drops. listen = []
-# runs the node on its own.
+# bootstrap peers are dialled at start and redialled while the node has fewer than `peers`; discovery
+# finds the others (peers = 0: none, only the bootstrap peers). listen = [] runs the node on its own.
 listen = {strings(p2p.listen)}
 bootstrap = {strings(p2p.bootstrap)}
+peers = {p2p.peers}  # connections discovery keeps (it closes the newest beyond three times as many)
 gossip_batch = {p2p.gossip_batch}  # operations per gossip message, at most
 gossip_rate = {p2p.gossip_rate}     # new operations/s one publisher may have this node take by gossip (then sync)
 gossip_burst = {p2p.gossip_burst}  # and at once

@@ -396,6 +396,7 @@ def _network(home: Home, startup: Startup, node: Node) -> P2PNode:
         LogStates(home.p2p_dir),
         startup.config.p2p.gossip_batch,
         Allowance(startup.config.p2p.gossip_rate, startup.config.p2p.gossip_burst),
+        startup.config.p2p.peers,
     )
     node.committed.append(network.committed)
     node.metrics.watch_network(lambda: (network.counter_values(), network.gauges()))

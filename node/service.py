@@ -187,20 +187,30 @@ class Node:
         return waiting.receipt
 
     async def ingest(
-        self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None
+        self,
+        ops: list[bytes],
+        source: Source,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
     ) -> list[Receipt] | None:
         """Queue operations from the network and wait until they are durable; their receipts. With `wait`
         False (gossip) a lane without room for all of them refuses them all at once: None, nothing queued.
         `lane` defaults to the source's (gossip queues by origin: a flood forwarded by an honest peer is still
-        the flood's)."""
+        the flood's). `queued` is set once they are all in the queue (or refused)."""
         waiting = [_Waiting(Submission(data, source)) for data in ops]
         lane = lane or _lane(source)
-        if not wait:
-            if not self._queue.put_nowait(lane, waiting):
-                self.metrics.ingest_refused.inc(len(waiting))
-                return None
-        else:
-            await self._queue.put(lane, waiting)
+        try:
+            if not wait:
+                if not self._queue.put_nowait(lane, waiting):
+                    self.metrics.ingest_refused.inc(len(waiting))
+                    return None
+            else:
+                await self._queue.put(lane, waiting)
+        finally:
+            if queued is not None:
+                queued.set()
         for item in waiting:
             await item.done.wait()
             if item.error is not None:

@@ -214,3 +214,24 @@ class Allowance:
             for key, _ in sorted(self._buckets.items(), key=lambda item: -item[1][0])[:1024]:
                 del self._buckets[key]
         return allowed
+
+
+def drop_copies_in_validation(pubsub: Pubsub) -> None:
+    """py-libp2p 0.8.1 marks a message seen only after its (async) validation, so the copies that other mesh peers
+    forward meanwhile are each validated, delivered and forwarded again (measured among 3 nodes: 1.5 operations
+    received per operation). A copy that arrives while one is in validation is dropped here, as go-libp2p does
+    by marking a message seen before validating it; a copy after a failed validation is still validated."""
+    push = pubsub.push_msg
+    validating: set[bytes] = set()
+
+    async def push_msg(forwarder: ID, message: rpc_pb2.Message) -> None:
+        key = pubsub._msg_id_constructor(message)
+        if key in validating:
+            return
+        validating.add(key)
+        try:
+            await push(forwarder, message)
+        finally:
+            validating.discard(key)
+
+    pubsub.push_msg = push_msg  # type: ignore[method-assign]

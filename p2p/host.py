@@ -23,6 +23,7 @@ from libp2p.identity_utils import create_identity_from_seed
 from libp2p.network.config import ConnectionConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
@@ -118,6 +119,18 @@ def dial_to_self(host: IHost, peer: ID, addr: Multiaddr) -> str | None:
     if endpoint is not None and reaches_listener(endpoint, (tcp_endpoint(own) for own in host.get_addrs())):
         return f"{endpoint[0]} port {endpoint[1]} is where this node listens"
     return None
+
+
+def refused_protocol(exc: BaseException) -> bool:
+    """Whether a failed `new_stream` means the peer answered that it does not speak any protocol asked for
+    (multistream's "na"), not that the stream or connection failed. py-libp2p 0.8.1 raises StreamFailure from a
+    MultiselectClientError whose message alone says which."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, MultiselectClientError) and str(cause).startswith("protocols not supported: "):
+            return "Last error: protocol not supported" in str(cause)
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 async def connect(host: IHost, addr: str, timeout: float) -> ID:

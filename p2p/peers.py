@@ -84,13 +84,18 @@ class Peer:
     score: float = 0.0
     scored_at: float = field(default_factory=time.monotonic)
     banned_until: float = 0.0  # monotonic
-    sync_state: str = "idle"  # idle, syncing, in sync, failed: CODE
-    read_position: int = 0  # entries of its log read (and verified)
-    head_size: int = 0  # the size of its newest head we saw (signed, or hinted by its gossip)
+    sync_state: str = "idle"  # idle, syncing, fetching, in sync, failed: CODE
+    head_size: int = 0  # the size of its newest head we verified (signed, consistent with the ones before)
+    hinted_size: int = 0  # the largest log size its gossip claimed (a hint that prompts a sync round)
+    missing: int = 0  # operations its last reconciliation found that this node lacked
+    settled_size: int = -1  # its log size when a reconciliation last found nothing missing (same size: skip it)
+    fetched: int = 0  # operations fetched from it by sync
     last_sync: float = 0.0  # wall-clock seconds of the last completed sync
     sync_failures: int = 0
     next_sync: float = 0.0  # monotonic: no sync before (backoff after failures)
     in_flight: int = 0  # sync requests open to it
+    speaks_sync: bool = True  # False once it refused the sync protocol (a libp2p peer that is not a node), until
+    # it reconnects: sync no longer asks it, and `status` does not wait for it
     ping_misses: int = 0  # pings in a row it did not answer in time
     wanted: trio.Event = field(default_factory=trio.Event)  # set: sync with it soon
     scope: trio.CancelScope | None = None  # its sync loop, while connected
@@ -130,8 +135,9 @@ class Peer:
             "banned_for": max(0.0, round(self.banned_until - time.monotonic(), 1)),
             "sync": {
                 "state": self.sync_state,
-                "read": self.read_position,
                 "head": self.head_size,
+                "missing": self.missing,
+                "fetched": self.fetched,
                 "last": self.last_sync,
                 "failures": self.sync_failures,
                 "in_flight": self.in_flight,

@@ -11,13 +11,14 @@ disconnected concurrently, then the host closed, shielded and bounded (`host.run
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
@@ -36,6 +37,7 @@ from ledger.params import NetworkParams
 from ledger.validation import examine
 from ledger.view import LedgerView
 from p2p import gossip
+from p2p.discovery import TARGET_PEERS, Discovery
 from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import build_host, connect, dial_to_self, full_addrs, parse_peer_addr
 from p2p.orphans import Orphan, OrphanPool
@@ -48,7 +50,18 @@ from p2p.peers import (
     PeerEvents,
     ping,
 )
-from p2p.sync import MAX_BLOCKS, ForkDetected, LogStates, Misbehaviour, SyncError, fetch_blocks, read_log, serve
+from p2p.reconcile import SetIndex
+from p2p.sync import (
+    MAX_BLOCKS,
+    ForkDetected,
+    LogStates,
+    Misbehaviour,
+    SyncError,
+    differences,
+    fetch_blocks,
+    serve,
+    verify_head,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +70,7 @@ GOSSIP_QUEUE = 256  # received messages waiting for delivery (each at most 512 K
 EVENT_QUEUE = 1024
 DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits for a durable batch)
 SYNCS = 4  # peers read at once
-SYNC_INTERVAL = 5.0  # seconds between syncs with a peer when nothing asks for one sooner
+SYNC_INTERVAL = 10.0  # seconds between syncs with a peer when nothing asks for one sooner (a gossip hint does)
 SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer and the next
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
@@ -68,6 +81,9 @@ ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
 #: what a sync request can get wrong that no honest node does (a stream cut short or slow may be the network's fault)
 PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
 FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
+FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
+FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
+INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
 
 
 class LedgerPort(Protocol):
@@ -81,21 +97,43 @@ class LedgerPort(Protocol):
     async def read(self, function: Callable[..., Any], *args: Any) -> Any: ...
 
     async def ingest(
-        self, ops: list[bytes], source: Source, *, wait: bool, lane: str | None = None
+        self,
+        ops: list[bytes],
+        source: Source,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
     ) -> list[Receipt] | None:
-        """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued)."""
+        """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued). `queued` is
+        set once `ops` are in the queue (or refused), before they are durable."""
         ...
+
+
+@dataclass
+class Want:
+    """An operation a reconciliation found missing: its clock (fetch order) and the peers that listed it."""
+
+    clock: int
+    since: float  # monotonic, when first found
+    peers: set[ID] = field(default_factory=set)
+    in_flight: bool = False
 
 
 @dataclass
 class Counters:
     gossip_received: int = 0
+    gossip_operations_received: int = 0  # operations in the messages received (duplicates of stored ones included)
+    gossip_bytes_received: int = 0
     gossip_rejected: int = 0
     gossip_dropped: int = 0  # our queue or the node's ingest queue was full
     gossip_throttled: int = 0  # its origin had used up its allowance of operations
     gossip_sent: int = 0
     operations_gossiped: int = 0
-    sync_entries: int = 0
+    sync_rounds: int = 0  # reconciliations completed
+    sync_fetched: int = 0  # operations received by sync (each missing one is fetched from one peer)
+    sync_duplicates: int = 0  # of those, ones this node held or had queued by the time they arrived
+    sync_bytes_received: int = 0  # of the operations fetched
     sync_served: int = 0
     forks: int = 0
 
@@ -140,6 +178,7 @@ class P2PNode:
         states: LogStates,
         gossip_batch: int = gossip.MAX_BATCH_OPS,
         allowance: gossip.Allowance | None = None,
+        target_peers: int = TARGET_PEERS,
     ) -> None:
         self.listen = [Multiaddr(addr) for addr in listen]
         self.bootstrap = list(bootstrap)
@@ -149,6 +188,7 @@ class P2PNode:
         self.id = self.host.get_id()
         self.topic = gossip.topic_for(ledger.params.network_id)
         self.pubsub = gossip.build_pubsub(self.host, self.topic)
+        gossip.drop_copies_in_validation(self.pubsub)
         gossip.set_validator(self.pubsub, self.topic, self._check_gossip)
         self.stop = trio.Event()
         self.addrs: list[str] = []
@@ -167,8 +207,17 @@ class P2PNode:
         self.host.get_network().register_notifee(self._notifee)
         self._deliveries = trio.Semaphore(DELIVERIES)  # acquired by the receiver, released by the delivery
         self._syncs = trio.CapacityLimiter(SYNCS)
+        self.index = SetIndex()
+        self._wanted: dict[bytes, Want] = {}
+        self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
+        self._wanted_changed = trio.Event()
+        self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
+        self._fetched_queued = 0  # operations fetched and waiting for ingest
         self._nursery: trio.Nursery | None = None
-        serve(self.host, ledger.view, ledger.read, self._served)
+        serve(self.host, ledger.view, ledger.read, self._served, self.index)
+        self.discovery = Discovery(
+            self.host, lambda: self.addrs, self._refused, self.connect, self._connected_since, target_peers
+        )
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -184,6 +233,9 @@ class P2PNode:
                 nursery.start_soon(self._deliver_released)
                 nursery.start_soon(self._ping_peers)
                 nursery.start_soon(self._sweep_orphans)
+                nursery.start_soon(self._fetch_wanted)
+                if self.discovery.target:
+                    nursery.start_soon(self.discovery.run)
                 for addr in self.bootstrap:
                     nursery.start_soon(self._keep_connected, addr)
                 self.addrs = full_addrs(self.host)
@@ -213,13 +265,16 @@ class P2PNode:
     # --- the node's side ------------------------------------------------------------------------------
 
     def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:
-        """After an ingest batch: gossip the new operations made here (RPC, local), release orphans whose
-        dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
+        """After an ingest batch: gossip the new operations made here (RPC, local), forget as missing what is now
+        stored, release orphans whose dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
         stored = []
         for receipt, op in zip(receipts, data, strict=True):
             if receipt.cid is None or receipt.verdict is Verdict.REJECTED:
                 continue
             stored.append(receipt.cid.raw)
+            want = self._wanted.get(receipt.cid.raw)
+            if want is not None and not want.in_flight:  # arrived another way (gossip): no longer missing
+                del self._wanted[receipt.cid.raw]
             if receipt.verdict is Verdict.ACCEPTED and receipt.source.kind in ("rpc", "local"):
                 self.outbox.put(op)
         for orphan in self.orphans.release(stored):
@@ -228,21 +283,33 @@ class P2PNode:
     async def connect(self, addr: str) -> ID:
         peer_id = await connect(self.host, addr, DIAL_TIMEOUT)
         self.peer(peer_id).addrs = [addr]
+        self.discovery.book.learn(peer_id, [addr])
         return peer_id
+
+    def _refused(self, peer_id: ID) -> bool:
+        return peer_id in self.peers and self.peers[peer_id].banned
+
+    def _connected_since(self, peer_id: ID) -> float | None:
+        return self.peers[peer_id].connected_since if peer_id in self.peers else None
 
     async def disconnect(self, peer_id: ID) -> None:
         await self.host.disconnect(peer_id)
 
     def sync_status(self) -> dict[str, Any]:
-        """In sync when every connected peer's log, as far as we know of it, has been read."""
-        peers = [p for p in self.connected() if p.node]
-        behind = sum(max(0, p.head_size - p.read_position) for p in peers)
+        """In sync when every connected peer that speaks sync has been reconciled with since it connected and
+        nothing it listed (found missing, or fetched and waiting for ingest), nor anything an orphan waits for, is
+        missing here."""
+        connected = self.connected()
+        unreconciled = sum(1 for peer in connected if not peer.last_sync and peer.speaks_sync)
+        behind = len(self._wanted) + self._fetched_queued + len(self.orphans)
         return {
-            "state": "in sync" if behind == 0 else "catching up",
+            "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
             "behind": behind,
-            "read": sum(p.read_position for p in peers),
-            "known": sum(p.head_size for p in peers),
-            "peers": len(self.host.get_connected_peers()),
+            "unreconciled": unreconciled,
+            "rounds": self.counters.sync_rounds,
+            "fetched": self.counters.sync_fetched,
+            "duplicates": self.counters.sync_duplicates,
+            "peers": len(connected),
             "orphans": len(self.orphans),
         }
 
@@ -269,6 +336,11 @@ class P2PNode:
             "sync": self.sync_status(),
             "counters": vars(self.counters),
             "orphans": {"waiting": len(self.orphans), "evicted": self.orphans.evicted, "expired": self.orphans.expired},
+            "discovery": {
+                "target": self.discovery.target,
+                "known": len(self.discovery.book.known),
+                "exchanges": self.discovery.exchanges,
+            },
         }
 
     # --- gossip ----------------------------------------------------------------------------------
@@ -325,13 +397,15 @@ class P2PNode:
     async def _deliver_gossip(self, origin: ID, data: bytes) -> None:
         try:
             batch = GossipBatch.decode(data)  # the validator accepted it
+            self.counters.gossip_operations_received += len(batch.ops)
+            self.counters.gossip_bytes_received += len(data)
             forwarder = self._forwarders.get(_digest(data))
             peer = self.peers.get(forwarder) if forwarder is not None else None
             if peer is not None:
                 peer.gossip_messages += 1
-            for candidate in self.connected():  # its sender's log grew: read it soon
-                if candidate.node == batch.node and batch.size > candidate.read_position:
-                    candidate.head_size = max(candidate.head_size, batch.size)
+            for candidate in self.connected():  # its sender's log grew: reconcile with it soon
+                if candidate.node == batch.node and batch.size > max(candidate.head_size, candidate.hinted_size):
+                    candidate.hinted_size = batch.size
                     candidate.wanted.set()
             # named by who handed it over: that is the peer to ask for what its operations miss
             sender = str(forwarder) if forwarder is not None else str(origin)
@@ -357,6 +431,12 @@ class P2PNode:
         "On their way" matters: gossip messages are delivered concurrently, so a child's message is often checked
         before its parent's batch commits; a child queued after its parent applies with it or, if its lane is
         served first, waits in the ledger as pending until the parent's batch commits."""
+        ready, present = self._admit(ops, source)
+        return await self._submit(ready, present, source, peer, wait=wait, lane=lane)
+
+    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes], set[bytes]]:
+        """The first half of `_deliver`, with no await: what goes to the ledger now (and which of those are
+        decodable operations, now counted as on their way), the rest into the orphan pool."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
@@ -399,11 +479,25 @@ class P2PNode:
             else:
                 ready.append(data)
                 present.add(cid)
+        self._queued.update(present)
+        return ready, present
+
+    async def _submit(
+        self,
+        ready: list[bytes],
+        present: set[bytes],
+        source: Source,
+        peer: Peer | None,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
+    ) -> int:
+        """The second half of `_deliver`: into the ingest queue; how many the ledger rejected."""
         if not ready:
             return 0
-        self._queued.update(present)
         try:
-            receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane)
+            receipts = await self.ledger.ingest(ready, source, wait=wait, lane=lane, queued=queued)
         finally:
             self._queued.subtract(present)
             for cid in present:
@@ -457,6 +551,8 @@ class P2PNode:
             if (backoff := peer.next_sync - time.monotonic()) > 0:
                 await trio.sleep(backoff)
             peer.wanted = trio.Event()
+            if not peer.speaks_sync:
+                continue
             async with self._syncs:
                 try:
                     await self.sync_with(peer)
@@ -465,32 +561,30 @@ class P2PNode:
                     peer.sync_failed("sync.internal")
 
     async def sync_with(self, peer: Peer) -> None:
-        """Read the peer's log to its current head, then fetch what orphans from it still miss."""
+        """One round: verify the peer's signed head against the last one of its node (a fork is caught here),
+        reconcile our sets to learn what it holds that we lack (fetched afterwards, each operation from one
+        peer, by `_fetch_wanted`), then fetch what orphans from it and pending operations still miss."""
         peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
-        source = Source("sync", str(peer.id))
-
-        async def deliver(ops: list[bytes]) -> int:
-            return await self._deliver(ops, source, peer, wait=True)
-
-        started = time.monotonic()
         try:
-            read = await read_log(self.host, peer.id, self.states, deliver, peer)
-            self.counters.sync_entries += read
-            if read:
-                log.info(
-                    "read %d operations of %s's log from %s in %.1f s",
-                    read,
-                    peer.node,
-                    peer.id,
-                    time.monotonic() - started,
-                )
+            head = await verify_head(self.host, peer.id, self.states)
+            peer.node, peer.head_size = head.node, head.size
+            if head.size != peer.settled_size:  # its log is its set: the same size holds nothing new
+                view = self.ledger.view()
+                await self.index.follow(view, self.ledger.read)
+                found = await differences(self.host, peer.id, self.index)
+                self.counters.sync_rounds += 1
+                peer.missing = self._want(found, peer.id, view)
+                peer.settled_size = -1 if peer.missing else head.size
+                if peer.missing:
+                    log.info("reconciled with %s: %d operations missing here", peer.id, peer.missing)
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
-                found = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
-                await deliver(found)
-            peer.sync_state, peer.sync_failures, peer.last_sync = "in sync", 0, time.time()
+                found_blocks = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
+                await self._deliver(found_blocks, Source("sync", str(peer.id)), peer, wait=True)
+            peer.sync_state = "fetching" if peer.missing else "in sync"
+            peer.sync_failures, peer.last_sync = 0, time.time()
             # gossip hints at a grown log with nearly every message under load, and gossip itself delivers most of
             # it: one round a second at most is enough to repair what gossip lost
             peer.next_sync = time.monotonic() + SYNC_SPACING
@@ -506,8 +600,150 @@ class P2PNode:
         except (SyncError, LedgerError) as exc:
             log.info("sync with %s failed: %s", peer.id, exc)
             peer.sync_failed(exc.code)
+            peer.speaks_sync = exc.code != "sync.unsupported"
         finally:
             peer.in_flight -= 1
+
+    def _want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
+        """Record which of `found` (listed by `peer`) this node lacks; how many."""
+        lacking = [(clock, cid) for clock, cid in found if cid not in self._queued and not view.has(CID(cid))]
+        # more than a window missing is a catch-up, not gossip in flight: no grace
+        now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
+        for clock, cid in lacking:
+            want = self._wanted.get(cid)
+            if want is None:
+                want = self._wanted[cid] = Want(clock, now)
+                heapq.heappush(self._fetch_order, (clock, cid))
+            want.peers.add(peer)
+        if lacking:
+            self._wanted_changed.set()
+        return len(lacking)
+
+    async def _fetch_wanted(self) -> None:
+        """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
+        the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, then queued
+        for ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan).
+        An operation waits FETCH_GRACE after it was found, since gossip usually delivers it meanwhile."""
+        turn = trio.Event()  # set once the previous chunk is in the ingest queue: chunks queue in clock order
+        turn.set()
+        async with trio.open_nursery() as ingesting:
+            while True:
+                if not self._wanted:
+                    self._fetch_order.clear()  # what is left there is stale
+                    await self._wanted_changed.wait()
+                    self._wanted_changed = trio.Event()
+                    continue
+                window = self._window()
+                if not window:
+                    await trio.sleep(FETCH_GRACE / 4)
+                    continue
+                chunks = self._assign(window)
+                results: list[list[bytes]] = [[] for _ in chunks]
+                async with trio.open_nursery() as fetching:
+                    for number, (peer_id, cids) in enumerate(chunks):
+                        fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
+                for (peer_id, cids), blocks in zip(chunks, results, strict=True):
+                    self._settle(peer_id, cids, blocks)
+                    peer = self.peer(peer_id)
+                    source = Source("sync", str(peer_id))
+                    ready, present = self._admit(blocks, source)
+                    await self._ingest_slots.acquire()
+                    self._fetched_queued += len(ready)
+                    queued = trio.Event()
+                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
+                    turn = queued
+
+    def _window(self) -> list[bytes]:
+        """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
+        or no connected peer has them: a later round finds them again) and holding back those found less than
+        FETCH_GRACE ago. O(window log wanted), so a catch-up of a million operations stays linear."""
+        ripe, connected, view = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers()), self.ledger.view()
+        window: dict[bytes, None] = {}  # in order, without repeats
+        held_back: list[tuple[int, bytes]] = []
+        while self._fetch_order and len(window) < FETCH_WINDOW:
+            clock, cid = heapq.heappop(self._fetch_order)
+            want = self._wanted.get(cid)
+            if want is None or want.in_flight or cid in window:  # stale, or pushed twice
+                continue
+            want.peers &= connected
+            if not want.peers or cid in self._queued or view.has(CID(cid)):
+                del self._wanted[cid]
+            elif want.since > ripe:
+                held_back.append((clock, cid))
+            else:
+                window[cid] = None
+        for item in held_back:
+            heapq.heappush(self._fetch_order, item)
+        return list(window)
+
+    def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
+        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
+        load: Counter[ID] = Counter()
+        chunks: list[tuple[ID, list[bytes]]] = []
+        for cid in window:
+            want = self._wanted[cid]
+            want.in_flight = True
+            if chunks and chunks[-1][0] in want.peers and len(chunks[-1][1]) < MAX_BLOCKS:
+                chunks[-1][1].append(cid)
+                load[chunks[-1][0]] += 1
+                continue
+            chosen = min(sorted(want.peers, key=str), key=lambda peer_id: load[peer_id])
+            chunks.append((chosen, [cid]))
+            load[chosen] += 1
+        return chunks
+
+    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
+        peer = self.peer(peer_id)
+        try:
+            results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
+        except Misbehaviour as exc:
+            await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
+        except (SyncError, LedgerError) as exc:
+            log.info("fetching %d operations from %s failed: %s", len(cids), peer_id, exc)
+        except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
+            log.exception("fetching %d operations from %s failed", len(cids), peer_id)
+
+    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
+        """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
+        arrived = {CID.for_block(data).raw for data in blocks}
+        view = self.ledger.view()
+        self.counters.sync_fetched += len(blocks)
+        self.counters.sync_bytes_received += sum(len(data) for data in blocks)
+        self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
+        self.peer(peer_id).fetched += len(blocks)
+        for cid in cids:
+            want = self._wanted.get(cid)
+            if want is None:
+                continue
+            if cid in arrived:
+                del self._wanted[cid]
+            else:
+                want.in_flight = False
+                want.peers.discard(peer_id)
+                heapq.heappush(self._fetch_order, (want.clock, cid))
+
+    async def _ingest_fetched(
+        self,
+        ready: list[bytes],
+        present: set[bytes],
+        source: Source,
+        peer: Peer,
+        turn: trio.Event,
+        queued: trio.Event,
+    ) -> None:
+        """Queue a fetched chunk for ingest after the chunk before it (`turn`), so no operation reaches the ledger
+        before its dependencies: one that did would wait there as pending, and while any operation is pending every
+        operation applied costs a scan for its waiters (measured: 41% of a 10,000-operation catch-up's ingest)."""
+        try:
+            await turn.wait()
+            if await self._submit(ready, present, source, peer, wait=True, lane="sync", queued=queued):
+                await self._penalise(peer, PENALTY_MISBEHAVIOUR, "sync: it served operations ingest rejected")
+        except Exception:  # one chunk must not end the node; what it held is found missing again by the next round
+            log.exception("ingesting %d operations fetched from %s failed", len(ready), peer.id)
+        finally:
+            queued.set()
+            self._fetched_queued -= len(ready)
+            self._ingest_slots.release()
 
     # --- peers -----------------------------------------------------------------------------------------
 
@@ -541,7 +777,9 @@ class P2PNode:
                     continue
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
-                    peer.connected_since = time.time()
+                    peer.connected_since, peer.last_sync, peer.settled_size = time.time(), 0.0, -1
+                    peer.speaks_sync = True
+                    self.discovery.connected(peer.id)
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
             elif not self.is_connected(peer.id):
@@ -557,17 +795,22 @@ class P2PNode:
                 peer.scope = None
 
     async def _keep_connected(self, addr: str) -> None:
-        """Dial a bootstrap peer whenever it is not connected, backing off while it is unreachable."""
+        """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer peers than
+        discovery's target (always without discovery), backing off while it is unreachable. (Not always: a
+        bootstrap node that closes surplus connections would be redialled by everyone it let go.)"""
         peer_id, multiaddr = parse_peer_addr(addr)
         refusal = dial_to_self(self.host, peer_id, multiaddr)
         if refusal is not None:
             log.info("bootstrap peer %s is not dialled: %s", addr, refusal)
             return
         self.peer(peer_id).addrs = [addr]
+        self.discovery.book.learn(peer_id, [addr])
         backoff = 1.0
         while True:
             peer = self.peer(peer_id)
-            if self.is_connected(peer_id) or peer.banned:
+            target = self.discovery.target
+            enough = target > 0 and len(self.host.get_connected_peers()) >= target
+            if self.is_connected(peer_id) or peer.banned or enough:
                 await trio.sleep(1.0)
                 continue
             try:
@@ -583,6 +826,9 @@ class P2PNode:
 
         async def check(peer_id: ID) -> None:
             peer = self.peer(peer_id)
+            if time.time() - peer.last_sync < PING_INTERVAL:  # it answered a sync round just now: alive
+                peer.ping_misses = 0
+                return
             try:
                 await ping(self.host, peer_id, PING_TIMEOUT)
                 peer.ping_misses = 0

@@ -1,20 +1,25 @@
-"""The sync protocol `/expledger/sync/1`: a node catches up by reading other nodes' Merkle logs, verifiably.
+"""The sync protocol `/expledger/sync/1`: a node learns what a peer holds that it lacks, fetches exactly that, and
+checks that the peer never rewrites its history.
 
-Every node's log holds every operation it stores, so reading a peer's log delivers everything that peer has,
-including what it got from others (sync is transitive). One request per stream, answered by a stream of frames
-(4-byte big-endian length + payload), then end of stream. Requests are DAG-CBOR maps:
+One request per stream, answered by a stream of frames (4-byte big-endian length + payload), then end of stream.
+Requests are DAG-CBOR maps:
 
     {"get": "head"}                                      -> the peer's signed tree head
     {"get": "consistency", "old": m, "new": n}           -> {"proof": [hash, ...]} (RFC 9162 §2.1.4)
+    {"get": "sums", "level": l, "prefixes": [p, ...]}    -> {"sums": [[count, sum], ...]}: the fingerprints of the
+                                                            16 sub-ranges of each range (p2p/reconcile.py)
+    {"get": "list", "level": l, "prefixes": [p, ...]}    -> [clock, cid] of each operation it holds in those
+                                                            ranges, one per frame
+    {"get": "blocks", "cids": [cid bytes, ...]}          -> the operations it holds among those, one per frame
     {"get": "entries", "from": a, "to": b, "size": n}    -> the operations at log positions [a, b), one per
                                                             frame, then {"proof": [...]}: consistency from b to n
-    {"get": "blocks", "cids": [cid bytes, ...]}          -> the operations it holds among those, one per frame
+                                                            (for whoever audits a whole log; sync does not read it)
 
-The reader keeps, per node whose log it reads (`LogState`): the last head it verified, how far it has read,
-and the Merkle frontier of what it read. A page is accepted only if its operations, appended to the frontier,
-give a root that the peer's signed head proves to be a prefix of its log; so nothing a peer sends is taken on
-trust, and a node that signs a head inconsistent with one it signed before has rewritten its history: both
-heads are kept as evidence and the node is refused (`ForkDetected`).
+A round (p2p/service.py) asks for the head and checks it against the last head of the same node this node
+verified (`verify_head`: a consistency proof, O(log N)); a node that signs a head inconsistent with one it signed
+before has rewritten its history: both heads are kept as evidence and the node is refused (`ForkDetected`). Then
+`differences` compares fingerprints and lists what differs, and `fetch_blocks` fetches operations by CID, each
+checked to be one that was asked for; ingest then verifies each as it verifies any operation.
 
 Reading is chunked: in 0.8.1 `NetStream.read(n)` returns what yamux has buffered (at most n, at least one byte;
 `StreamEOF` at the end), and every read costs ~30 µs, so frames are cut out of 256 KiB reads; writes are batched
@@ -42,11 +47,26 @@ from libp2p.peer.id import ID
 from ledger import codec
 from ledger.cid import CID
 from ledger.errors import LedgerError
-from ledger.merkle import Frontier, TreeHead, leaf_hash
+from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
 from ledger.store import write_file_atomically
 from ledger.view import LedgerView
-from p2p.peers import Peer
+from p2p.host import refused_protocol
+from p2p.reconcile import (
+    LEAF_BITS,
+    LEVELS,
+    LIST_BELOW,
+    MAX_LISTED,
+    MAX_PREFIXES,
+    STEP_BITS,
+    SetIndex,
+    bounds,
+    bucket_of,
+    check_ranges,
+    decode_item,
+    decode_sums,
+    encode_sums,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +75,6 @@ HEADER = struct.Struct(">I")
 MAX_FRAME = 4 * 1024 * 1024  # above any operation a network allows (1 MiB) and any proof
 MAX_REQUEST = 64 * 1024
 MAX_ENTRIES = 2000  # per entries request
-PAGE = 1000  # entries a reader asks for at once
 MAX_BLOCKS = 256  # per blocks request
 MAX_PROOF = 64  # hashes in a consistency proof of a log below 2**63
 READ_CHUNK = 256 * 1024
@@ -170,12 +189,19 @@ def _request(data: bytes) -> dict[str, Any]:
         "consistency": {"get", "old", "new"},
         "entries": {"get", "from", "to", "size"},
         "blocks": {"get", "cids"},
+        "sums": {"get", "level", "prefixes"},
+        "list": {"get", "level", "prefixes"},
     }
     expected = shapes.get(request["get"])
     if expected is None:
         raise SyncError("sync.request", f"get: unknown request {request['get']!r} (known: {', '.join(shapes)})")
     if request.keys() != expected:
         raise SyncError("sync.request", f"{request['get']}: expected exactly the fields {', '.join(sorted(expected))}")
+    if request["get"] in ("sums", "list"):
+        deepest = LEVELS[-1] if request["get"] == "sums" else LEAF_BITS
+        if (why := check_ranges(request, deepest)) is not None:
+            raise SyncError("sync.request", f"{request['get']}: {why}")
+        return request
     for name in expected - {"get", "cids"}:
         if type(request[name]) is not int or request[name] < 0:
             raise SyncError("sync.request", f"{name}: expected a non-negative integer")
@@ -186,12 +212,25 @@ def _request(data: bytes) -> dict[str, Any]:
     return request
 
 
-async def answer(view: LedgerView, data: bytes, read: Callable[..., Awaitable[Any]]) -> AsyncIterator[bytes]:
+async def answer(
+    view: LedgerView, data: bytes, read: Callable[..., Awaitable[Any]], index: SetIndex
+) -> AsyncIterator[bytes]:
     """The frames that answer one request, from one committed view (so a page and its proof agree); database
     reads run through `read` (the node's reader threads)."""
     request = _request(data)
     size = view.log_size
     match request["get"]:
+        case "sums":
+            await index.follow(view, read)
+            yield encode_sums(index.children(request["level"], request["prefixes"]))
+        case "list":
+            left = MAX_LISTED
+            for prefix in request["prefixes"]:
+                for clock, cid in await read(view.held_between, *bounds(request["level"], prefix), left):
+                    yield codec.encode([clock, cid])
+                    left -= 1
+                if left <= 0:
+                    break
         case "head":
             yield (await read(view.tree_head)).to_bytes()
         case "consistency":
@@ -211,30 +250,39 @@ async def answer(view: LedgerView, data: bytes, read: Callable[..., Awaitable[An
             proof = await read(view.consistency_proof, end, at) if end < at else {"proof": []}
             yield codec.encode({"proof": [bytes.fromhex(h) for h in proof["proof"]]})
         case "blocks":
-            for raw in request["cids"]:
-                try:
-                    cid = CID(raw)
-                except LedgerError:
-                    raise SyncError("sync.request", "cids: expected CIDs") from None
-                block = await read(view.block, cid)
-                if block is not None:
-                    yield block.data
+            try:
+                cids = [CID(raw) for raw in request["cids"]]
+            except LedgerError:
+                raise SyncError("sync.request", "cids: expected CIDs") from None
+            for block in await read(_blocks, view, cids):  # one trip to a reader thread, not one per block
+                yield block
+
+
+def _blocks(view: LedgerView, cids: list[CID]) -> list[bytes]:
+    return [block.data for cid in cids if (block := view.block(cid)) is not None]
 
 
 def serve(
-    host: IHost, view: Callable[[], LedgerView], read: Callable[..., Awaitable[Any]], served: Callable[[ID, str], None]
+    host: IHost,
+    view: Callable[[], LedgerView],
+    read: Callable[..., Awaitable[Any]],
+    served: Callable[[ID, str], None],
+    index: SetIndex | None = None,
 ) -> None:
     """Answer sync requests on `host`. The handler never raises (an exception escaping a stream handler reaches
-    libp2p's connection nursery and can end the process): a bad request or a failed exchange resets the stream."""
+    libp2p's connection nursery and can end the process): a bad request or a failed exchange resets the stream.
+    `index`: the fingerprints of what `view` holds (kept by the caller, who reconciles with it too)."""
+    fingerprints = index or SetIndex()
 
     async def handler(stream: INetStream) -> None:
         peer = stream.muxed_conn.peer_id  # authenticated by Noise
         try:
             data = await FrameReader(stream, MAX_REQUEST, REQUEST_TIMEOUT).read_frame()
             if data is None:
-                raise SyncError("sync.request", "the stream ended before a request")
+                # a client that gave up (cancelled, its connection dropped) looks the same: not proof of malice
+                raise SyncError("sync.stream", "the stream ended before a request")
             writer = FrameWriter(stream)
-            async for payload in answer(view(), data, read):
+            async for payload in answer(view(), data, read, fingerprints):
                 await writer.send(payload)
             await writer.flush()
             await stream.close()
@@ -266,7 +314,8 @@ async def ask(host: IHost, peer: ID, request: dict[str, Any], most: int) -> list
     try:
         stream = await host.new_stream(peer, [SYNC_PROTOCOL])
     except Exception as exc:  # libp2p raises several types when a peer cannot open the protocol
-        raise SyncError("sync.stream", f"cannot open {SYNC_PROTOCOL} to {peer}: {exc}") from None
+        code = "sync.unsupported" if refused_protocol(exc) else "sync.stream"
+        raise SyncError(code, f"cannot open {SYNC_PROTOCOL} to {peer}: {exc}") from None
     frames: list[bytes] = []
     try:
         await stream.write(frame(codec.encode(request)))
@@ -301,36 +350,23 @@ def _proof(payload: bytes) -> list[bytes]:
 
 @dataclass
 class LogState:
-    """How much of one node's log this node has read and verified."""
+    """The newest head of one node this node verified (each next one must prove it extends it)."""
 
     node: str
-    head: TreeHead | None = None  # the newest head of that node verified consistent with what was read
-    frontier: Frontier | None = None  # of the entries read, [0, position)
-
-    @property
-    def position(self) -> int:
-        return self.frontier.size if self.frontier else 0
+    head: TreeHead | None = None
 
     def encode(self) -> bytes:
-        frontier = self.frontier or Frontier()
-        return codec.encode(
-            {
-                "node": self.node,
-                "head": self.head.to_bytes() if self.head else None,
-                "position": frontier.size,
-                "frontier": frontier.subtrees,
-            }
-        )
+        return codec.encode({"node": self.node, "head": self.head.to_bytes() if self.head else None})
 
     @classmethod
     def decode(cls, data: bytes) -> LogState:
+        """Also reads the files of earlier versions, which kept a read position beside the head."""
         record = codec.decode(data)
-        head = TreeHead.from_bytes(record["head"]) if record["head"] is not None else None
-        return cls(record["node"], head, Frontier(record["position"], record["frontier"]))
+        return cls(record["node"], TreeHead.from_bytes(record["head"]) if record["head"] is not None else None)
 
 
 class LogStates:
-    """The reading positions and fork evidence, one file each under `directory` (written atomically)."""
+    """The verified heads and fork evidence, one file each under `directory` (written atomically)."""
 
     def __init__(self, directory: Path) -> None:
         self.logs = directory / "logs"
@@ -357,7 +393,7 @@ class LogStates:
                 try:
                     state = LogState.decode(path.read_bytes())
                 except (LedgerError, KeyError, TypeError, OSError) as exc:
-                    log.warning("%s: unreadable read position (%s); reading %s's log from the start", path, exc, node)
+                    log.warning("%s: unreadable verified head (%s); trusting %s's next head afresh", path, exc, node)
             self._states[node] = state
         return self._states[node]
 
@@ -373,14 +409,10 @@ class LogStates:
         return path
 
 
-#: hands verified operations to the node; returns how many of them the ledger rejected
-Deliver = Callable[[list[bytes]], Awaitable[int]]
-
-
 async def read_head(host: IHost, peer: ID) -> TreeHead:
     frames = await ask(host, peer, {"get": "head"}, 1)
-    if len(frames) != 1:
-        raise Misbehaviour("sync.head", "head: expected one frame")
+    if not frames:  # py-libp2p 0.8.1 can show a stream reset as its end: not proof of malice
+        raise SyncError("sync.empty", "head: the stream ended without an answer")
     try:
         head = TreeHead.from_bytes(frames[0])
     except LedgerError as exc:
@@ -391,7 +423,7 @@ async def read_head(host: IHost, peer: ID) -> TreeHead:
 
 
 async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> bool:
-    """Is `head` consistent with the last head of its node we verified? True when it is newer (read on), False
+    """Is `head` consistent with the last head of its node we verified? True when it is newer (keep it), False
     when it adds nothing (the same, or an older head replayed); raises ForkDetected when no append-only log has
     both: a consistency proof that fails, or a smaller head signed later than a larger one."""
     old = state.head
@@ -422,45 +454,18 @@ async def check_head(host: IHost, peer: ID, state: LogState, head: TreeHead) -> 
     return head.size > old.size
 
 
-async def read_log(host: IHost, peer: ID, states: LogStates, deliver: Deliver, progress: Peer, page: int = PAGE) -> int:
-    """Read `peer`'s log from where we stopped to its current head, verifying every page; returns the number of
-    entries read; `progress` (the peer's record) shows how far it got. The read position is saved after each page
-    is durable in our ledger, so a crash re-reads at most a page (duplicates are ignored cheaply)."""
+async def verify_head(host: IHost, peer: ID, states: LogStates) -> TreeHead:
+    """The peer's signed head, checked against the last head of its node we verified (kept when newer): O(log N)
+    per head, which is what keeps a node from rewriting its history unseen. Raises ForkDetected for a node that
+    has (or that forked before), Misbehaviour for a head no honest node sends."""
     head = await read_head(host, peer)
     if head.node in states.refused:
         raise ForkDetected(f"{head.node} has forked before; it is refused", {"node": head.node, "peer": str(peer)})
     state = states.get(head.node)
-    progress.node, progress.head_size, progress.read_position = head.node, head.size, state.position
-    if not await check_head(host, peer, state, head):
-        return 0
-    state.head = head
-    states.save(state)
-    frontier = state.frontier or Frontier()
-    read = 0
-    while frontier.size < head.size:
-        start, end = frontier.size, min(frontier.size + page, head.size)
-        frames = await ask(host, peer, {"get": "entries", "from": start, "to": end, "size": head.size}, end - start + 1)
-        if len(frames) != end - start + 1:
-            raise Misbehaviour(
-                "sync.entries", f"entries [{start}, {end}): expected {end - start} operations and a proof"
-            )
-        ops, proof = frames[:-1], _proof(frames[-1])
-        extended = frontier.copy()
-        for op in ops:
-            extended.append(leaf_hash(CID.for_block(op).raw))
-        root = extended.root()
-        proven = root == head.root if end == head.size else verify_consistency(end, head.size, root, head.root, proof)
-        if not proven:
-            raise Misbehaviour("sync.entries.proof", f"entries [{start}, {end}) are not a prefix of the signed log")
-        rejected = await deliver(ops)
-        if rejected:  # a log holds only operations its node validated
-            raise Misbehaviour("sync.entries.invalid", f"entries [{start}, {end}): {rejected} invalid operations")
-        frontier = extended
-        state.frontier = frontier
+    if await check_head(host, peer, state, head):
+        state.head = head
         states.save(state)
-        read += len(ops)
-        progress.read_position = frontier.size
-    return read
+    return head
 
 
 async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes]:
@@ -471,3 +476,66 @@ async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes
         if CID.for_block(data).raw not in wanted:
             raise Misbehaviour("sync.blocks", "blocks: an operation that was not asked for")
     return frames
+
+
+async def differences(host: IHost, peer: ID, index: SetIndex) -> list[tuple[int, bytes]]:
+    """(clock, CID) of every operation `peer` lists in the ranges where its fingerprints and `index` (this node's,
+    caught up by the caller) differ: a superset of what it holds and this node lacks, found level by level."""
+    listing: dict[int, list[tuple[int, int]]] = {}  # level -> (prefix, the peer's count)
+    level, prefixes = 0, [0]
+    while prefixes:
+        theirs: list[tuple[int, bytes]] = []
+        for start in range(0, len(prefixes), MAX_PREFIXES):
+            chunk = prefixes[start : start + MAX_PREFIXES]
+            frames = await ask(host, peer, {"get": "sums", "level": level, "prefixes": chunk}, 1)
+            if not frames:
+                raise SyncError("sync.empty", "sums: the stream ended without an answer")
+            try:
+                theirs += decode_sums(frames[0], 16 * len(chunk))
+            except LedgerError as exc:
+                raise Misbehaviour(exc.code, exc.message) from None
+        ours = index.children(level, prefixes)
+        level, deeper = level + STEP_BITS, []
+        for position, (their, our) in enumerate(zip(theirs, ours, strict=True)):
+            if their[0] == 0 or their == our:
+                continue
+            child = (prefixes[position // 16] << STEP_BITS) | (position % 16)
+            small = their[0] <= LIST_BELOW or our[0] == 0 or level == LEAF_BITS
+            if (small and their[0] <= MAX_LISTED) or level == LEAF_BITS:
+                listing.setdefault(level, []).append((child, their[0]))
+            else:
+                deeper.append(child)
+        prefixes = deeper
+    found: list[tuple[int, bytes]] = []
+    for at, ranges in listing.items():
+        for group in _groups(ranges):
+            found += await _list(host, peer, at, group)
+    return found
+
+
+def _groups(ranges: list[tuple[int, int]]) -> list[list[int]]:
+    """Ranges in requests of at most MAX_PREFIXES ranges and about MAX_LISTED operations."""
+    groups: list[list[int]] = [[]]
+    total = 0
+    for prefix, count in ranges:
+        if groups[-1] and (len(groups[-1]) == MAX_PREFIXES or total + count > MAX_LISTED):
+            groups.append([])
+            total = 0
+        groups[-1].append(prefix)
+        total += count
+    return groups
+
+
+async def _list(host: IHost, peer: ID, level: int, prefixes: list[int]) -> list[tuple[int, bytes]]:
+    frames = await ask(host, peer, {"get": "list", "level": level, "prefixes": prefixes}, MAX_LISTED)
+    wanted = set(prefixes)
+    items = []
+    for payload in frames:
+        try:
+            clock, cid = decode_item(payload)
+        except LedgerError as exc:
+            raise Misbehaviour(exc.code, exc.message) from None
+        if bucket_of(cid) >> (LEAF_BITS - level) not in wanted:
+            raise Misbehaviour("sync.list", "list: a CID outside the ranges asked for")
+        items.append((clock, cid))
+    return items

@@ -1,6 +1,6 @@
 """Real libp2p hosts on 127.0.0.1 in one trio run: only Noise gets in, and the sync protocol between a real ledger
-and a reader, including servers that lie (entries their signed head does not cover, bad heads, bad proofs) and
-nodes that sign two histories (fork evidence)."""
+and a reader: set reconciliation, servers that lie (bad heads, bad fingerprints, listings outside the ranges asked
+for) and nodes that sign two histories (fork evidence)."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from ledger.cid import CID
 from ledger.ingest import Source, Submission, Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
-from ledger.merkle import Frontier, TreeHead, leaf_hash
+from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
-from p2p.gossip import build_pubsub, topic_for
+from p2p.gossip import build_pubsub, drop_copies_in_validation, set_validator, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
-from p2p.peers import Peer
+from p2p.reconcile import LEVELS, LIST_BELOW, MAX_PREFIXES, SetIndex
 from p2p.service import P2PNode, run_host
 from p2p.sync import (
     MAX_ENTRIES,
@@ -48,10 +48,11 @@ from p2p.sync import (
     Misbehaviour,
     SyncError,
     ask,
+    differences,
     fetch_blocks,
     frame,
-    read_log,
     serve,
+    verify_head,
 )
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
@@ -91,18 +92,6 @@ async def running(*hosts: IHost) -> AsyncIterator[None]:
 async def read(function: Callable[..., Any], *args: Any) -> Any:
     """Database reads off the event loop, as the node's reader threads do."""
     return await trio.to_thread.run_sync(partial(function, *args))
-
-
-def deliverer(ledger: Ledger, delivered: list[bytes] | None = None) -> Callable[[list[bytes]], Any]:
-    """The node's part of `read_log`: ingest a verified page; how many operations the ledger rejected."""
-
-    async def deliver(ops: list[bytes]) -> int:
-        if delivered is not None:
-            delivered.extend(ops)
-        receipts = await trio.to_thread.run_sync(ledger.ingest, ops)
-        return sum(1 for receipt in receipts if receipt.verdict is Verdict.REJECTED)
-
-    return deliver
 
 
 def ingest(ledger: Ledger, blocks: list) -> None:
@@ -261,7 +250,14 @@ BAD_EXCHANGES = {
     "consistency from 0": (frame(codec.encode({"get": "consistency", "old": 0, "new": 60})), "sync.request"),
     "consistency past the log": (frame(codec.encode({"get": "consistency", "old": 5, "new": 61})), "sync.request"),
     "a bad CID": (frame(codec.encode({"get": "blocks", "cids": [b"\x01\x02"]})), "sync.request"),
-    "no request": (b"", "sync.request"),
+    "sums below the leaves": (frame(codec.encode({"get": "sums", "level": 16, "prefixes": [0]})), "sync.request"),
+    "a range past its level": (frame(codec.encode({"get": "sums", "level": 4, "prefixes": [16]})), "sync.request"),
+    "a level between levels": (frame(codec.encode({"get": "list", "level": 6, "prefixes": [0]})), "sync.request"),
+    "too many ranges": (
+        frame(codec.encode({"get": "list", "level": 12, "prefixes": list(range(MAX_PREFIXES + 1))})),
+        "sync.request",
+    ),
+    "no request": (b"", "sync.stream"),  # a client that gave up looks the same: unpenalised
     "oversized length prefix": (b"\xff\xff\xff\xff" + b"x" * 100, "sync.frame.too_large"),
     "request over the limit": (frame(b"\x00" * (MAX_REQUEST + 1)), "sync.frame.too_large"),
     "truncated frame": (b"\x00\x00\x10\x00" + b"x" * 100, "sync.frame.truncated"),
@@ -295,31 +291,59 @@ def test_bad_requests_end_their_stream_and_nothing_else(source):
 # --- reading a log ----------------------------------------------------------------------------------
 
 
-def test_read_log_verifies_pages_into_a_second_ledger_and_resumes_where_it_stopped(tmp_path, source, target, history):
+def _reconcile(server_ledger: Ledger, client_ledger: Ledger) -> tuple[list[tuple[int, bytes]], list[str]]:
+    """What `differences` finds the server holds in the ranges that differ, and the requests the server served."""
     server, client = _noise_host(), _noise_host()
-    serve(server, source.view, read, lambda peer, outcome: None)
-    states = LogStates(tmp_path / "p2p")
-    progress = Peer(server.get_id())
+    served: list[str] = []
+    serve(server, server_ledger.view, read, lambda peer, outcome: served.append(outcome))
+    index = SetIndex()
+    index.catch_up(client_ledger.view())
 
-    async def main() -> list[int]:
-        counts = []
+    async def main() -> list[tuple[int, bytes]]:
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-                assert target.view().state_root() == source.view().state_root()
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-                await trio.to_thread.run_sync(ingest, source, history[60:])
-                counts.append(await read_log(client, peer, states, deliverer(target), progress, page=7))
-        return counts
+                return await differences(client, peer, index)
 
-    assert trio.run(main) == [60, 0, 25]  # all, nothing new, only what was added since
-    assert target.view().state_root() == source.view().state_root()
-    assert target.view().log_size == 85
-    assert (progress.node, progress.head_size, progress.read_position) == (source.node_key.did, 85, 85)
-    saved = LogStates(tmp_path / "p2p").get(source.node_key.did)  # as after a restart
-    assert saved.position == 85 and saved.head is not None and saved.head.size == 85
-    assert saved.frontier is not None and saved.frontier.root() == source.view().merkle.root()
+    return trio.run(main), served
+
+
+@pytest.mark.parametrize("held", [0, 30, 84, 85])
+def test_reconciliation_lists_what_the_peer_holds_and_this_node_lacks(tmp_path, target, history, held):
+    source = open_ledger(tmp_path / "whole")
+    try:
+        ingest(source, history)
+        ingest(target, history[:held])
+        found, served = _reconcile(source, target)
+        lacking = {block.cid.raw for block in history[held:]}
+        assert {cid for _, cid in found if not target.view().has(CID(cid))} == lacking
+        assert all(source.view().clock(CID(cid)) == clock for clock, cid in found)  # each with its true clock
+        assert set(served) == {"ok"}
+        if held == len(history):
+            assert len(served) == 1 and found == []  # equal sets: one request of 16 fingerprints, nothing listed
+    finally:
+        source.close()
+
+
+def test_reconciliation_of_large_sets_lists_little_more_than_the_difference(tmp_path):
+    """2,000 operations on each side, a few on one side only: ranges are split down to where they differ, so
+    what is listed is a small multiple of the difference, not the set."""
+    rng = random.Random(7)
+    blocks = random_history(rng, 2000)
+    absent = set(rng.sample(range(len(blocks)), 5))
+    whole, partial = open_ledger(tmp_path / "whole"), open_ledger(tmp_path / "partial")
+    try:
+        ingest(whole, blocks)
+        ingest(partial, [block for number, block in enumerate(blocks) if number not in absent])  # some pending
+        found, served = _reconcile(whole, partial)
+        assert {cid for _, cid in found if not partial.view().has(CID(cid))} == {blocks[n].cid.raw for n in absent}
+        assert len(found) <= len(absent) * LIST_BELOW
+        assert len(served) <= 1 + len(LEVELS) + len(LEVELS)  # sums per level, then lists per level
+        found, _ = _reconcile(partial, whole)  # the other way: the partial side holds nothing the whole lacks
+        assert all(whole.view().has(CID(cid)) for _, cid in found)
+    finally:
+        whole.close()
+        partial.close()
 
 
 def lying_server(host: IHost, answer: Callable[[dict[str, Any]], list[bytes]]) -> None:
@@ -366,95 +390,69 @@ def _log_of_invalid() -> tuple[AuthorKey, list[bytes]]:
     return AuthorKey(b"\x42" * 32), [valid.data, forged]
 
 
-def _lies(source: Ledger, history: list) -> dict[str, tuple[Callable, str]]:
+def _lies(source: Ledger) -> dict[str, tuple[Callable, str]]:
     honest = honest_answer(source)
-    other = random_history(random.Random(99), 60)
-
-    def other_entries(request: dict[str, Any]) -> list[bytes]:
-        if request["get"] != "entries":
-            return honest(request)
-        frames = honest(request)
-        return [block.data for block in other[request["from"] : request["to"]]] + frames[-1:]
-
-    def swapped_entries(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        if request["get"] == "entries" and len(frames) > 2:
-            frames[0], frames[1] = frames[1], frames[0]  # the right operations, in another order
-        return frames
 
     def bad_signature(request: dict[str, Any]) -> list[bytes]:
         head = source.view().tree_head()
         return [TreeHead(head.size, head.root, head.timestamp, head.node, _flip(head.signature)).to_bytes()]
 
-    def extra_frame(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return [*frames[:-1], history[0].data, frames[-1]] if request["get"] == "entries" else frames
+    def with_sums(make: Callable[[dict[str, Any]], list[bytes]]) -> Callable[[dict[str, Any]], list[bytes]]:
+        def answer(request: dict[str, Any]) -> list[bytes]:
+            return make(request) if request["get"] in ("sums", "list") else honest(request)
 
-    def short_page(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return frames[1:] if request["get"] == "entries" else frames
+        return answer
 
-    def garbage_proof(request: dict[str, Any]) -> list[bytes]:
-        frames = honest(request)
-        return [*frames[:-1], codec.encode({"proof": [b"short"]})] if request["get"] == "entries" else frames
+    outside = next(block.cid.raw for block in random_history(random.Random(3), 5) if block.cid.raw[4] >= 0x80)
 
-    rogue_key, rogue_log = _log_of_invalid()
-    rogue_frontier = Frontier()
-    for op in rogue_log:
-        rogue_frontier.append(leaf_hash(CID.for_block(op).raw))
-
-    def invalid_operation(request: dict[str, Any]) -> list[bytes]:
-        if request["get"] == "head":
-            return [TreeHead.sign(len(rogue_log), rogue_frontier.root(), rogue_key).to_bytes()]
-        return [*rogue_log[request["from"] : request["to"]], codec.encode({"proof": []})]
+    def listing(request: dict[str, Any]) -> list[bytes]:
+        if request["get"] == "sums":  # the first range differs and holds one operation: it is listed
+            return [codec.encode({"sums": [[1, b"\x01" * 32]] + [[0, bytes(32)]] * 15})]
+        return [codec.encode([1, outside])]
 
     return {
-        "entries of another log": (other_entries, "sync.entries.proof"),
-        "its entries out of order": (swapped_entries, "sync.entries.proof"),
         "a head with a bad signature": (bad_signature, "sync.head.signature"),
         "a head that is not a head": (lambda request: [b"\xa1\x61x\x01"], "sync.head"),
-        "no head": (lambda request: [], "sync.head"),
-        "an extra frame": (extra_frame, "sync.response.count"),
-        "a short page": (short_page, "sync.entries"),
-        "a proof that is not one": (garbage_proof, "sync.proof"),
-        "an invalid operation in its signed log": (invalid_operation, "sync.entries.invalid"),
+        "two heads": (lambda request: honest(request) * 2, "sync.response.count"),
+        "fingerprints of the wrong number": (
+            with_sums(lambda request: [codec.encode({"sums": [[0, bytes(32)]] * 3})]),
+            "sync.sums",
+        ),
+        "a fingerprint that is not one": (
+            with_sums(lambda request: [codec.encode({"sums": [[0, b"short"]] * 16})]),
+            "sync.sums",
+        ),
+        "a listed CID outside the ranges asked for": (with_sums(listing), "sync.list"),
     }
 
 
 LIES = [
-    "entries of another log",
-    "its entries out of order",
     "a head with a bad signature",
     "a head that is not a head",
-    "no head",
-    "an extra frame",
-    "a short page",
-    "a proof that is not one",
-    "an invalid operation in its signed log",
+    "two heads",
+    "fingerprints of the wrong number",
+    "a fingerprint that is not one",
+    "a listed CID outside the ranges asked for",
 ]
 
 
 @pytest.mark.parametrize("lie", LIES)
-def test_a_server_that_lies_is_caught_before_anything_it_sent_is_trusted(tmp_path, source, target, history, lie):
-    answer, code = _lies(source, history)[lie]
+def test_a_server_that_lies_is_caught_before_anything_it_sent_is_trusted(tmp_path, source, lie):
+    answer, code = _lies(source)[lie]
     server, client = _noise_host(), _noise_host()
     lying_server(server, answer)
     states = LogStates(tmp_path / "p2p")
-    delivered: list[bytes] = []
 
     async def main() -> None:
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
                 with pytest.raises(Misbehaviour) as caught:
-                    await read_log(client, peer, states, deliverer(target, delivered), Peer(peer), page=25)
+                    await verify_head(client, peer, states)
+                    await differences(client, peer, SetIndex())
                 assert caught.value.code == code, caught.value
 
     trio.run(main)
-    for state in states._states.values():
-        assert state.position == 0  # no page of a lying server counts as read
-    if code != "sync.entries.invalid":
-        assert delivered == [] and target.view().log_size == 0  # nothing unverified reached the ledger
 
 
 # --- forks ------------------------------------------------------------------------------------------
@@ -485,7 +483,7 @@ FORKS = [
 
 
 @pytest.mark.parametrize("kind", FORKS)
-def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, history, target, kind):
+def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, history, kind):
     first, second = _fork_case(tmp_path, history, kind)
     serving = {"ledger": first}
     server, client = _noise_host(), _noise_host()
@@ -496,13 +494,13 @@ def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, his
         with trio.fail_after(TIMEOUT):
             async with running(server, client):
                 peer = await connect(client, full_addrs(server)[0], 10)
-                assert await read_log(client, peer, states, deliverer(target), Peer(peer)) == 40
+                assert (await verify_head(client, peer, states)).size == 40
                 serving["ledger"] = second  # the same node key now serves another history
                 with pytest.raises(ForkDetected) as caught:
-                    await read_log(client, peer, states, deliverer(target), Peer(peer))
+                    await verify_head(client, peer, states)
                 states.record_fork(caught.value)
-                with pytest.raises(ForkDetected):  # refused from now on, without reading anything
-                    await read_log(client, peer, states, deliverer(target), Peer(peer))
+                with pytest.raises(ForkDetected):  # refused from now on
+                    await verify_head(client, peer, states)
                 return caught.value
 
     try:
@@ -515,7 +513,7 @@ def test_a_node_that_signs_two_histories_is_caught_with_both_heads(tmp_path, his
     assert earlier.node == later.node == fork.evidence["node"] == first.node_key.did
     assert (earlier.size, later.size) == (40, {"grown differently": 50, "same size": 40}.get(kind, 30))
     assert first.node_key.did in LogStates(tmp_path / "p2p").refused  # remembered across restarts
-    assert target.view().log_size == 40  # nothing of the second history was taken
+    assert LogStates(tmp_path / "p2p").get(first.node_key.did).head == earlier  # the verified head, kept
 
 
 # --- bans ---------------------------------------------------------------------------------------------
@@ -526,6 +524,8 @@ class LedgerPortOverLedger:
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger, self.params, self.node_did = ledger, ledger.params, ledger.node_key.did
+        self.writer = trio.Lock()  # one ingest at a time, as the node's single writer
+        self.released: list[CID] = []  # operations stored pending that a later batch applied
 
     def view(self) -> Any:
         return self.ledger.view()
@@ -533,8 +533,72 @@ class LedgerPortOverLedger:
     async def read(self, function: Callable[..., Any], *args: Any) -> Any:
         return await read(function, *args)
 
-    async def ingest(self, ops: list[bytes], source: Source, *, wait: bool) -> list[Any]:
-        return await trio.to_thread.run_sync(self.ledger.ingest, [Submission(op, source) for op in ops])
+    async def ingest(
+        self,
+        ops: list[bytes],
+        source: Source,
+        *,
+        wait: bool,
+        lane: str | None = None,
+        queued: trio.Event | None = None,
+    ) -> list[Any]:
+        try:
+            await self.writer.acquire()  # trio's locks are fair: holders in the order they asked
+        finally:
+            if queued is not None:
+                queued.set()
+        try:
+            submissions = [Submission(op, source) for op in ops]
+            return await trio.to_thread.run_sync(partial(self.ledger.ingest, submissions, released=self.released))
+        finally:
+            self.writer.release()
+
+
+def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(tmp_path):
+    """700 operations held by three peers: the fresh node reconciles with each, then fetches every operation
+    once, in chunks spread over the peers, and ends with the same state root."""
+    history = random_history(random.Random(21), 700)
+    holders = [open_ledger(tmp_path / f"holder{number}") for number in range(3)]
+    fresh = open_ledger(tmp_path / "fresh")
+    for ledger in holders:
+        ingest(ledger, history)
+
+    ports = {}
+
+    def p2p_node(ledger: Ledger, name: str, bootstrap: list[str]) -> P2PNode:
+        port = ports[name] = LedgerPortOverLedger(ledger)
+        return P2PNode(
+            key_pair(secrets.token_bytes(32)),
+            ["/ip4/127.0.0.1/tcp/0"],
+            bootstrap,
+            port,
+            LogStates(tmp_path / name),
+            target_peers=0,
+        )
+
+    async def main() -> P2PNode:
+        with trio.fail_after(TIMEOUT * 2):
+            async with trio.open_nursery() as nursery:
+                servers = [p2p_node(ledger, f"p2p{number}", []) for number, ledger in enumerate(holders)]
+                addrs = [(await nursery.start(server.run))[0] for server in servers]
+                client = p2p_node(fresh, "p2p-fresh", addrs)
+                await nursery.start(client.run)
+                while fresh.view().log_size < len(history) or client.sync_status()["state"] != "in sync":
+                    await trio.sleep(0.05)
+                for node in [*servers, client]:
+                    node.stop.set()
+        return client
+
+    try:
+        client = trio.run(main)
+        assert fresh.view().state_root() == holders[0].view().state_root()
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert ports["p2p-fresh"].released == []  # queued in clock order: none waited in the ledger as pending
+        shares = [peer.fetched for peer in client.peers.values()]
+        assert sum(shares) == len(history) and sum(1 for share in shares if share) >= 2  # spread over peers
+    finally:
+        for ledger in [*holders, fresh]:
+            ledger.close()
 
 
 def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
@@ -570,3 +634,88 @@ def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
 
     trio.run(main)
     assert node.peer(rogue.get_id()).banned
+
+
+def test_a_peer_that_does_not_speak_sync_leaves_the_node_in_sync(tmp_path, target):
+    """A libp2p peer that is not a node (tests/interop's JS peer: gossip only) answers "na" to
+    the sync protocol: the node stops asking it and does not wait for it to say "in sync"."""
+    node = P2PNode(
+        key_pair(secrets.token_bytes(32)),
+        ["/ip4/127.0.0.1/tcp/0"],
+        [],
+        LedgerPortOverLedger(target),
+        LogStates(tmp_path),
+    )
+    gossip_only = _noise_host()
+
+    async def main() -> dict[str, Any]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                addrs = await nursery.start(node.run)
+                async with running(gossip_only):
+                    await connect(gossip_only, addrs[0], 10)
+                    peer = node.peer(gossip_only.get_id())
+                    while peer.sync_state == "idle" or peer.in_flight:  # the round at connect has ended
+                        await trio.sleep(0.01)
+                    status = node.sync_status()
+                node.stop.set()
+        return status
+
+    status = trio.run(main)
+    assert (status["state"], status["unreconciled"], status["peers"]) == ("in sync", 0, 1)
+    assert node.peer(gossip_only.get_id()).sync_state == "failed: sync.unsupported"
+
+
+# --- gossip copies ----------------------------------------------------------------------------------
+
+
+def test_a_message_arriving_from_two_peers_while_in_validation_is_validated_and_delivered_once():
+    """A publishes; B validates at once and forwards, so B's copy reaches C while C still validates A's (C's
+    validator takes 0.5 s). py-libp2p 0.8.1 alone validates and delivers both; `drop_copies_in_validation` one."""
+    hosts = [_noise_host() for _ in range(3)]
+    pubsubs = [build_pubsub(host, TOPIC) for host in hosts]
+    for pubsub in pubsubs:
+        drop_copies_in_validation(pubsub)
+    validated: list[bytes] = []
+
+    async def slow(forwarder: ID, origin: ID, data: bytes) -> bool:
+        validated.append(data)
+        await trio.sleep(0.5)
+        return True
+
+    async def fast(forwarder: ID, origin: ID, data: bytes) -> bool:
+        return True
+
+    set_validator(pubsubs[1], TOPIC, fast)
+    set_validator(pubsubs[2], TOPIC, slow)
+
+    async def main() -> list[bytes]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                done = trio.Event()
+                started = [trio.Event() for _ in hosts]
+
+                async def run(number: int) -> None:
+                    async with run_host(hosts[number], pubsubs[number], LISTEN):
+                        started[number].set()
+                        await done.wait()
+
+                for number in range(3):
+                    nursery.start_soon(run, number)
+                for event in started:
+                    await event.wait()
+                subscriptions = [await pubsub.subscribe(TOPIC) for pubsub in pubsubs]
+                for a, b in ((0, 1), (0, 2), (1, 2)):
+                    await connect(hosts[a], full_addrs(hosts[b])[0], 10)
+                meshes = [pubsub.router.mesh for pubsub in pubsubs]  # type: ignore[attr-defined]
+                while any(len(mesh.get(TOPIC, ())) < 2 for mesh in meshes):  # the heartbeat grafts each pair
+                    await trio.sleep(0.05)
+                await pubsubs[0].publish(TOPIC, b"one message")
+                received = [(await subscriptions[2].get()).data]
+                with trio.move_on_after(2):  # a second copy, if any, comes within B's forward plus C's validation
+                    received.append((await subscriptions[2].get()).data)
+                done.set()
+                return received
+
+    assert trio.run(main) == [b"one message"]
+    assert validated == [b"one message"]

@@ -13,15 +13,20 @@ import pytest
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from libp2p.peer.id import ID
 from trio.testing import MockClock
 
 from ledger import codec
+from ledger.cid import CID, CID_LENGTH
+from ledger.errors import LedgerError
 from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
 from ledger.store import Store
 from p2p import gossip, orphans
+from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
 from p2p.gossip import GossipBatch, GossipError, Outbox
-from p2p.host import reaches_listener, tcp_endpoint
+from p2p.host import key_pair, reaches_listener, tcp_endpoint
 from p2p.orphans import Orphan, OrphanPool
+from p2p.reconcile import decode_item
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
 
@@ -603,3 +608,122 @@ def test_an_origins_allowance_refills_at_its_rate_and_caps_at_its_burst():
 def test_a_dial_reaches_this_nodes_listener_by_address_and_port(dial, listening, reaches):
     endpoint = tcp_endpoint(dial)
     assert (endpoint is not None and reaches_listener(endpoint, map(tcp_endpoint, listening))) is reaches
+
+
+# --- discovery: what a peer tells us, and the address book --------------------------------------------
+
+
+def _peer(seed: int) -> ID:
+    return ID.from_pubkey(key_pair(seed.to_bytes(2, "big") * 16).public_key)
+
+
+def test_announced_addresses_count_only_for_the_peer_they_name():
+    alice, bob = _peer(1), _peer(2)
+    addrs = [
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}",
+        f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}",  # another peer's: never taken as alice's
+        f"/ip4/0.0.0.0/tcp/4003/p2p/{alice}",  # unspecified: only with the address its connection comes from
+        "not a multiaddr",
+        7,
+    ]
+    assert check_addrs(alice, addrs) == [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"]
+    assert check_addrs(alice, addrs[:3], observed="10.0.0.5") == [
+        f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}",
+        f"/ip4/10.0.0.5/tcp/4003/p2p/{alice}",
+    ]
+    assert check_addrs(alice, "everything") == []
+
+
+@pytest.mark.parametrize(
+    "message",
+    [b"\xff not cbor", codec.encode([1, 2]), codec.encode({"peers": []}), codec.encode({"addrs": "x"})],
+)
+def test_a_malformed_peer_exchange_is_refused_with_its_code(message):
+    with pytest.raises(LedgerError) as caught:
+        decode_message(message, _peer(1))
+    assert caught.value.code == "peers.message"
+
+
+def test_shared_peers_with_bad_ids_or_addresses_are_skipped():
+    alice, bob = _peer(1), _peer(2)
+    message = codec.encode(
+        {
+            "addrs": [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"],
+            "peers": [
+                [bob.to_bytes(), [f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}", f"/ip4/127.0.0.1/tcp/4009/p2p/{alice}"]],
+                [b"not an id", ["/ip4/127.0.0.1/tcp/4003"]],
+                "junk",
+            ],
+        }
+    )
+    own, shared = decode_message(message, alice)
+    assert own == [f"/ip4/127.0.0.1/tcp/4001/p2p/{alice}"]
+    assert shared == [(bob, [f"/ip4/127.0.0.1/tcp/4002/p2p/{bob}"])]
+
+
+def test_the_address_book_is_bounded_backs_off_failures_and_forgets_the_worst_first():
+    own = _peer(1)
+    book = AddressBook(own)
+    book.learn(own, ["/ip4/127.0.0.1/tcp/1/p2p/x"])  # never itself
+    assert own not in book.known
+    peers = [_peer(seed) for seed in range(2, 2 + MAX_KNOWN)]
+    for number, peer in enumerate(peers):
+        book.learn(peer, [f"/ip4/127.0.0.1/tcp/{1000 + number}/p2p/{peer}"])
+    assert len(book.known) == MAX_KNOWN
+    newcomer = _peer(1000)
+    book.learn(newcomer, [f"/ip4/127.0.0.1/tcp/9/p2p/{newcomer}"])
+    assert newcomer not in book.known  # a full book of peers that never failed keeps them
+    book.dialled(peers[3], ok=False)
+    book.dialled(peers[3], ok=False)
+    assert peers[3] not in book.candidates(set())  # backing off
+    book.learn(newcomer, [f"/ip4/127.0.0.1/tcp/9/p2p/{newcomer}"])
+    assert newcomer in book.known and peers[3] not in book.known  # the one that failed went first
+    assert len(book.known) == MAX_KNOWN
+    book.dialled(peers[4], ok=False)
+    book.dialled(peers[4], ok=True)
+    assert peers[4] in book.candidates(set()) and peers[4] not in book.candidates({peers[4]})
+
+
+# --- reconciliation: a listed item read by hand ----------------------------------------------------------------
+
+
+def _item_by_the_general_decoder(payload: bytes) -> tuple[int, bytes] | None:
+    """What decode_item must accept: exactly canonical DAG-CBOR [uint, a binary CID of a DAG-CBOR operation]."""
+    try:
+        item = codec.decode(payload)
+    except LedgerError:
+        return None
+    if type(item) is not list or len(item) != 2 or type(item[0]) is not int or item[0] < 0:
+        return None
+    if type(item[1]) is not bytes or len(item[1]) != CID_LENGTH or item[1][:4] != CID.for_block(b"").raw[:4]:
+        return None
+    return item[0], item[1]
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    clock=st.one_of(st.integers(0, 30), st.integers(0, 2**64 - 1)),
+    digest=st.binary(min_size=32, max_size=32),
+    edit=st.one_of(
+        st.none(),
+        st.tuples(st.integers(0, 60), st.integers(0, 255)),  # one byte changed
+        st.integers(0, 60),  # cut short
+        st.binary(min_size=1, max_size=3),  # trailing bytes
+    ),
+)
+def test_a_listed_item_read_by_hand_is_what_the_general_decoder_accepts(clock, digest, edit):
+    payload = codec.encode([clock, CID.for_block(b"").raw[:4] + digest])
+    if isinstance(edit, tuple):
+        at, value = edit
+        payload = payload[:at] + bytes([value]) + payload[at + 1 :] if at < len(payload) else payload
+    elif isinstance(edit, int):
+        payload = payload[:edit]
+    elif isinstance(edit, bytes):
+        payload += edit
+    expected = _item_by_the_general_decoder(payload)
+    if expected is None:
+        with pytest.raises(LedgerError) as caught:
+            decode_item(payload)
+        assert caught.value.code == "sync.list"
+    else:
+        assert decode_item(payload) == expected
