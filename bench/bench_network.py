@@ -536,7 +536,7 @@ def bench_scale(count: int, burst: int) -> None:
     print(
         f"CPU of all daemons: ingest {cpu_last - cpu_first:.1f} s, propagation {cpu_agreed - cpu_last:.1f} s "
         f"({(cpu_agreed - cpu_last) / spread:.2f} of the {cores} cores' time; "
-        f"{(cpu_agreed - cpu_last) / (count * len(sizes)) * 1000:.2f} ms per operation per node)"
+        f"{(cpu_agreed - cpu_first) / (count * len(sizes)) * 1000:.2f} ms per operation per node in all)"
     )
     print(f"RSS per daemon: median {rss[len(rss) // 2]:.0f} MB, max {rss[-1]:.0f} MB, total {sum(rss) / 1024:.1f} GB")
     print(f"load average during the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
