@@ -26,11 +26,12 @@ Figures, each against a baseline measured in the same run:
 
   scale        --nodes daemons (50 for the figures), each knowing only the first (discovery connects the rest),
                each with `[retrieval] model = "network"`. A burst of --burst operations (10 independent causal
-               streams) is submitted at once through 10 nodes, one JSON-RPC batch each. Ingest: first submit to the last
-               submit returned (the baseline: each origin holds its share durably). Propagation: last submit
-               returned until all state roots agree (target < 2 s). Per node: operations and bytes received
-               (gossip + sync) per operation it lacked (all but those submitted to it), as a ratio to the
-               minimum of 1 (target <= 2); and RSS per daemon.
+               streams) is submitted at once through 10 nodes, in JSON-RPC batches of 100. Ingest: first submit to
+               the last submit returned (the baseline: each origin holds its share durably). Propagation: last
+               submit returned until all state roots agree (target < 2 s), and the daemons' CPU meanwhile (all
+               of them share this machine's cores). Per node: operations and bytes received (gossip + sync) per
+               operation it lacked (all but those submitted to it), as a ratio to the minimum of 1 (target <= 2);
+               and RSS per daemon.
 
 Every process runs on this machine: K daemons and the driver share its cores.
 """
@@ -421,14 +422,6 @@ def rss_mb(pid: int) -> float:
     return math.nan
 
 
-def read_bytes(pid: int) -> int:
-    """Bytes the process read by read(2) and friends: sockets and files (an upper bound on what it received)."""
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("rchar:"):
-            return int(line.split()[1])
-    return 0
-
-
 @contextmanager
 def swarm(root: Path, count: int) -> Iterator[list[Daemon]]:
     """`count` daemons that know only the first, started several at once; stopped when the block ends."""
@@ -476,32 +469,36 @@ def bench_scale(count: int, burst: int) -> None:
             originated = {
                 node.process.pid: [len(op) for op in stream] for node, stream in zip(origins, streams, strict=True)
             }
-            before = {node.process.pid: read_bytes(node.process.pid) for node in nodes}
             counters_before = [table["self"]["counters"] for table in on_all(nodes, "peers")]
 
             def submit(pair: tuple[Daemon, list[bytes]]) -> float:
                 node, ops = pair
-                body = [
-                    {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op.hex()}}
-                    for i, op in enumerate(ops)
-                ]
-                answers = node.http.post(node.url, json=body, timeout=300).json()
-                assert all("error" not in answer for answer in answers), answers
+                for start_at in range(0, len(ops), SUBMIT_BATCH):  # [rpc] max_batch is 100
+                    body = [
+                        {"jsonrpc": "2.0", "id": i, "method": "submit", "params": {"operation": op.hex()}}
+                        for i, op in enumerate(ops[start_at : start_at + SUBMIT_BATCH])
+                    ]
+                    answers = node.http.post(node.url, json=body, timeout=300).json()
+                    assert all("error" not in answer for answer in answers), answers
                 return time.monotonic()
 
-            first = time.monotonic()
+            def daemons_cpu() -> float:
+                return sum(cpu_seconds(node.process.pid) for node in nodes)
+
+            cpu_first, first = daemons_cpu(), time.monotonic()
             with ThreadPoolExecutor(SUBMITTERS) as pool:
                 last = max(pool.map(submit, zip(origins, streams, strict=True)))
+            cpu_last = daemons_cpu()
             while True:
                 roots = {(r["state_root"], r["log_size"]) for r in on_all(nodes, "state_root")}
                 if len(roots) == 1 and next(iter(roots))[1] == len(sizes):
-                    agreed = time.monotonic()
+                    agreed, cpu_agreed = time.monotonic(), daemons_cpu()
                     break
                 if time.monotonic() - last > 300:
                     raise RuntimeError(f"the roots did not agree within 300 s: {len(roots)} distinct")
                 time.sleep(0.05)
             statuses = [table["self"] for table in on_all(nodes, "peers")]
-            received, volume, reads = [], [], []
+            received, volume = [], []
             for node, status, old in zip(nodes, statuses, counters_before, strict=True):
                 own = originated.get(node.process.pid, [])
                 lacked, minimum = len(sizes) - len(own), sum(sizes.values()) - sum(own)
@@ -512,7 +509,6 @@ def bench_scale(count: int, burst: int) -> None:
                 got += new["sync_bytes_received"] - old["sync_bytes_received"]
                 received.append(ops / lacked)
                 volume.append(got / minimum)
-                reads.append((read_bytes(node.process.pid) - before[node.process.pid]) / minimum)
             rss = sorted(rss_mb(node.process.pid) for node in nodes)
             peers = sorted(s["sync"]["peers"] for s in statuses)
             fetched = sum(s["sync"]["fetched"] for s in statuses)
@@ -532,11 +528,16 @@ def bench_scale(count: int, burst: int) -> None:
     for label, values in (
         ("operations received (gossip + sync)", received),
         ("payload bytes received / minimum", volume),
-        ("bytes read(2) by the process / minimum (sockets and files: an upper bound)", reads),
     ):
         values = sorted(values)
         print(f"| {label} | {values[len(values) // 2]:.2f} | {values[-1]:.2f} |")
     print(f"\noperations fetched by sync over all nodes: {fetched:,}")
+    cores, spread = os.cpu_count() or 1, (agreed - last) * (os.cpu_count() or 1)
+    print(
+        f"CPU of all daemons: ingest {cpu_last - cpu_first:.1f} s, propagation {cpu_agreed - cpu_last:.1f} s "
+        f"({(cpu_agreed - cpu_last) / spread:.2f} of the {cores} cores' time; "
+        f"{(cpu_agreed - cpu_first) / (count * len(sizes)) * 1000:.2f} ms per operation per node in all)"
+    )
     print(f"RSS per daemon: median {rss[len(rss) // 2]:.0f} MB, max {rss[-1]:.0f} MB, total {sum(rss) / 1024:.1f} GB")
     print(f"load average during the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
 
