@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
@@ -445,6 +446,24 @@ def on_all(nodes: list[Daemon], method: str) -> list[Any]:
         return list(pool.map(lambda node: node.call(method), nodes))
 
 
+def report_disagreement(nodes: list[Daemon], expected: int) -> None:
+    """What a scale run that did not converge leaves to go on: each node short of `expected` operations, with its
+    connected peers' sync states and failures (the first 50-daemon run stopped with only "2 distinct")."""
+    for number, (node, state) in enumerate(zip(nodes, on_all(nodes, "state_root"), strict=True)):
+        if state["log_size"] == expected:
+            continue
+        connected = [peer for peer in node.call("peers")["peers"] if peer["connected"]]
+        states = Counter(peer["sync"]["state"] for peer in connected)
+        failures = sum(peer["sync"]["failures"] for peer in connected)
+        print(
+            f"node {number}: {state['log_size']:,} of {expected:,} operations; {len(connected)} peers connected, "
+            f"sync states {dict(states)}, {failures} failed rounds in a row over them",
+            flush=True,
+        )
+    agreeing = sum(1 for state in on_all(nodes, "state_root") if state["log_size"] == expected)
+    print(f"{agreeing} of {len(nodes)} nodes hold all {expected:,} operations", flush=True)
+
+
 def bench_scale(count: int, burst: int) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
@@ -495,6 +514,7 @@ def bench_scale(count: int, burst: int) -> None:
                     agreed, cpu_agreed = time.monotonic(), daemons_cpu()
                     break
                 if time.monotonic() - last > 300:
+                    report_disagreement(nodes, len(sizes))
                     raise RuntimeError(f"the roots did not agree within 300 s: {len(roots)} distinct")
                 time.sleep(0.05)
             statuses = [table["self"] for table in on_all(nodes, "peers")]
