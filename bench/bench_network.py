@@ -449,7 +449,8 @@ def on_all(nodes: list[Daemon], method: str) -> list[Any]:
 def report_disagreement(nodes: list[Daemon], expected: int) -> None:
     """What a scale run that did not converge leaves to go on: each node short of `expected` operations, with its
     connected peers' sync states and failures (the first 50-daemon run stopped with only "2 distinct")."""
-    for number, (node, state) in enumerate(zip(nodes, on_all(nodes, "state_root"), strict=True)):
+    states = on_all(nodes, "state_root")
+    for number, (node, state) in enumerate(zip(nodes, states, strict=True)):
         if state["log_size"] == expected:
             continue
         connected = [peer for peer in node.call("peers")["peers"] if peer["connected"]]
@@ -460,7 +461,7 @@ def report_disagreement(nodes: list[Daemon], expected: int) -> None:
             f"sync states {dict(states)}, {failures} failed rounds in a row over them",
             flush=True,
         )
-    agreeing = sum(1 for state in on_all(nodes, "state_root") if state["log_size"] == expected)
+    agreeing = sum(1 for state in states if state["log_size"] == expected)
     print(f"{agreeing} of {len(nodes)} nodes hold all {expected:,} operations", flush=True)
 
 

@@ -57,8 +57,23 @@ def default_home() -> Path:
     return Path(os.environ.get(HOME_ENV) or Path.home() / ".expledger")
 
 
+class _HttpListener:
+    """A `host:port` listen address (RPC and proxy), split for the HTTP server that binds it."""
+
+    __slots__ = ()
+    listen: str
+
+    @property
+    def host(self) -> str:
+        return self.listen.rsplit(":", 1)[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rsplit(":", 1)[1])
+
+
 @dataclass(frozen=True, slots=True)
-class RpcConfig:
+class RpcConfig(_HttpListener):
     #: host:port; port 0 takes a free port (the daemon writes the address it got into rpc.url)
     listen: str = f"127.0.0.1:{DEFAULT_RPC_PORT}"
     #: extra static tokens accepted beside the cookie (for clients that cannot read the home)
@@ -69,14 +84,6 @@ class RpcConfig:
     max_connections: int = 1024
     #: seconds a request's head may take to arrive whole (a connection's first: from its accept)
     header_timeout: int = 5
-
-    @property
-    def host(self) -> str:
-        return self.listen.rsplit(":", 1)[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +156,7 @@ class LlmConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ProxyConfig:
+class ProxyConfig(_HttpListener):
     """The OpenAI-compatible proxy that injects experiences into an agent's LLM calls (node/proxy.py)."""
 
     #: host:port on which to serve /v1/chat/completions and /v1/models; "" (the default): no proxy
@@ -160,14 +167,6 @@ class ProxyConfig:
     budget: int = 2048  # tokens the injected prompt may use (the retrieval seed's max context length)
     timeout: int = 300  # seconds to wait for the upstream's answer, or for its next bytes when streaming
     max_body_bytes: int = 8 << 20
-
-    @property
-    def host(self) -> str:
-        return self.listen.rsplit(":", 1)[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rsplit(":", 1)[1])
 
 
 @dataclass(frozen=True, slots=True)
