@@ -72,10 +72,16 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """Where a submission came from: `kind` is "local", "rpc", "gossip" or "sync"; `name` a client or peer id."""
+    """Where a submission came from: `kind` is "local", "rpc", "curator", "gossip" or "sync"; `name` a client or peer
+    id."""
 
     kind: str
     name: str = ""
+
+    @property
+    def from_peer(self) -> bool:
+        """Received from the network, rather than made on this node (which gossips only what it made)."""
+        return self.kind in ("gossip", "sync")
 
 
 LOCAL = Source("local")

@@ -265,7 +265,7 @@ class P2PNode:
     # --- the node's side ------------------------------------------------------------------------------
 
     def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:
-        """After an ingest batch: gossip the new operations made here (RPC, local), forget as missing what is now
+        """After an ingest batch: gossip the new operations made here (RPC, curator), forget as missing what is now
         stored, release orphans whose dependencies are now stored. `data[i]` is the submission behind `receipts[i]`."""
         stored = []
         for receipt, op in zip(receipts, data, strict=True):
@@ -275,7 +275,7 @@ class P2PNode:
             want = self._wanted.get(receipt.cid.raw)
             if want is not None and not want.in_flight:  # arrived another way (gossip): no longer missing
                 del self._wanted[receipt.cid.raw]
-            if receipt.verdict is Verdict.ACCEPTED and receipt.source.kind in ("rpc", "local"):
+            if receipt.verdict is Verdict.ACCEPTED and not receipt.source.from_peer:
                 self.outbox.put(op)
         for orphan in self.orphans.release(stored):
             self._released_send.send_nowait(orphan)

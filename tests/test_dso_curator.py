@@ -130,6 +130,9 @@ def test_a_curator_resolves_a_concurrent_modify_and_merges_paraphrases(tmp_path:
         assert asked.count("reconcile") == 1
         assert len(llm.prompts("state the same strategy")) == 2
         wait_until(lambda: converged([a, b], state(b)[1]), "equal state roots")
+        # the curator's operations are gossiped as they are made, like an RPC client's: its modify and merge, and
+        # b's own submitted modify (a has them at once, not at its next sync round)
+        assert b.call("peers")["self"]["counters"]["operations_gossiped"] == 3
         decisions = [line["message"] for line in log_lines(home_b) if line["logger"] == "expledger.curator"]
         assert any("resolved by modify" in line for line in decisions)
         assert any("not the same strategy" in line for line in decisions)
