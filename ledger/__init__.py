@@ -3,6 +3,7 @@
 import contextlib
 import ctypes
 import os
+import sys
 
 # usearch's extension links libstdc++ statically and exports its symbols; a library loaded after it that needs the
 # system libstdc++ (onnxruntime, for the node-local retrieval model) then crashes the process at import. Loading
@@ -15,9 +16,12 @@ with contextlib.suppress(OSError):
 # (LevelDB's compaction, the index thread, signature checks). OpenBLAS's thread spun after each batch's matrix
 # product of the hash bands (ledger/neardup.py): 5.7 s of CPU over 60,000 operations, a tenth of the process,
 # for products that take ~10 us per operation on one thread; the tokenizer's rayon pool (WordLlama) 1.6 s.
-# A user's own setting of TOKENIZERS_PARALLELISM wins; BLAS is limited once numpy is loaded, for the process.
+# A user's own setting of either variable wins. OpenBLAS reads its thread count when numpy loads it, so setting
+# the variable here limits it without loading numpy now (a command that touches no vector, `expledger status`, does
+# not pay numpy's import); a numpy loaded before this package is limited in place.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-import numpy  # noqa: F401  (loaded first: threadpoolctl finds only the BLAS of libraries already loaded)
-from threadpoolctl import threadpool_limits
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+if "numpy" in sys.modules:
+    from threadpoolctl import threadpool_limits
 
-threadpool_limits(limits=1, user_api="blas")
+    threadpool_limits(limits=1, user_api="blas")

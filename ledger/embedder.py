@@ -19,16 +19,12 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from ledger.errors import LedgerError
+from ledger.errors import EmbedderError
 from ledger.params import NetworkParams
 
 _WORD = re.compile(r"\w+")
 #: a float64 squared distance is within ~1e-13 of the exact one; only closer calls need integers
 _FLOAT_MARGIN = 1e-9
-
-
-class EmbedderError(LedgerError):
-    """The network's pinned embedding model cannot be provided here."""
 
 
 class Embedder(Protocol):

@@ -8,3 +8,7 @@ class LedgerError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class EmbedderError(LedgerError):
+    """The network's pinned embedding model, or a node's local retrieval model, cannot be provided here."""

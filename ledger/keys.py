@@ -10,7 +10,6 @@ from pathlib import Path
 
 import nacl.exceptions
 import nacl.signing
-from multiformats import multibase
 
 from ledger.errors import LedgerError
 
@@ -29,6 +28,8 @@ class IdentityError(LedgerError):
 
 def did_from_public_key(public_key: bytes) -> str:
     """did:key of an Ed25519 public key: multicodec ed25519-pub, multibase base58btc (`did:key:z6Mk…`)."""
+    from multiformats import multibase  # ~30 ms of a command's start: loaded when a did:key is made or read
+
     return "did:key:" + multibase.encode(_ED25519_PUB_MULTICODEC + public_key, "base58btc")
 
 
@@ -36,6 +37,8 @@ def did_from_public_key(public_key: bytes) -> str:
 def _verify_key(did: str) -> nacl.signing.VerifyKey:
     if not did.startswith(_DID_PREFIX) or len(did) > _DID_MAX_LENGTH:
         raise IdentityError("author.did", f"author: {did[:40]!r} is not a base58btc did:key (did:key:z…)")
+    from multiformats import multibase
+
     try:
         raw = multibase.decode(did[len("did:key:") :])
     except Exception:  # multibase raises several types for bad alphabets

@@ -8,6 +8,8 @@ its whole text plus its context clause ("When <context>, <action>": the context 
 
 Deterministic: one text at a time (no padding, so batching cannot change a vector), one ONNX Runtime thread, the
 model and tokenizer files checked against pinned SHA-256 digests, so two nodes compute the same vectors.
+numpy, ONNX Runtime and the tokenizer load with a model, not with this registry, whose names node/config.py reads
+in every command.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+from ledger.errors import EmbedderError
 
-from ledger.embedder import EmbedderError
+if TYPE_CHECKING:
+    import numpy as np
 
 NETWORK = "network"  # `retrieval.model` value: rank with the network's embedding only (no local model)
 
@@ -112,6 +115,8 @@ class MiniLMInt8:
         return path
 
     def _embed_one(self, text: str) -> np.ndarray:
+        import numpy as np
+
         ids = np.array([self._tokenizer.encode(text).ids], dtype=np.int64)
         feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
         hidden = self._session.run(None, feed)[0][0]
@@ -123,6 +128,8 @@ class MiniLMInt8:
     def embed_experiences(self, texts: Sequence[str]) -> np.ndarray:
         """Each text's direction of (whole text + context clause): the clause alone matches problems best,
         the whole text keeps what the advice is about (bench: hit@1 0.64 against 0.58 for the text alone)."""
+        import numpy as np
+
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
             vector = self._embed_one(text)
@@ -134,6 +141,8 @@ class MiniLMInt8:
 
 
 def _unit(vector: np.ndarray) -> np.ndarray:
+    import numpy as np
+
     norm = np.float32(np.sqrt(np.dot(vector, vector)))
     return (vector / norm).astype(np.float32) if norm > 0 else vector.astype(np.float32)
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 
 from ledger.keys import AuthorKey
-from ledger.ledger import Ledger
 from ledger.params import NetworkParams
 from node.config import (
     AUTHOR_KEY,
@@ -155,6 +154,8 @@ class Home:
             self.peer_key()
             report.append(f"created {self.peer_key_file} (the libp2p identity; `expledger id` prints it)")
         existed = (self.data_dir / "ledger.db").exists()
+        from ledger.ledger import Ledger  # the storage stack loads for `init`, not for every client command
+
         ledger = Ledger.open(self.data_dir, network)  # creates it, or checks it belongs to this network
         try:
             view = ledger.view()

@@ -197,13 +197,18 @@ def test_no_direction_only_accepts_a_vector_near_zero():
 
 
 @pytest.mark.parametrize(("preset", "expected"), [(None, "false"), ("true", "true")])
-def test_importing_the_ledger_keeps_native_thread_pools_to_one_thread(preset, expected):
-    """OpenBLAS's and the tokenizer's worker threads spin between calls, on cores the node needs (ledger/__init__)."""
-    env = {key: value for key, value in os.environ.items() if key != "TOKENIZERS_PARALLELISM"}
+@pytest.mark.parametrize("numpy_first", [False, True])
+def test_importing_the_ledger_keeps_native_thread_pools_to_one_thread(preset, expected, numpy_first):
+    """OpenBLAS's and the tokenizer's worker threads spin between calls, on cores the node needs (ledger/__init__),
+    whether numpy loads after the ledger (its BLAS reads the variable) or before (limited in place)."""
+    env = {
+        key: value for key, value in os.environ.items() if key not in ("TOKENIZERS_PARALLELISM", "OPENBLAS_NUM_THREADS")
+    }
     if preset is not None:
         env["TOKENIZERS_PARALLELISM"] = preset
+    imports = "numpy, ledger" if numpy_first else "ledger, numpy"
     script = (
-        "import json, os, ledger, threadpoolctl; "
+        f"import json, os, {imports}, threadpoolctl; "
         "print(json.dumps([os.environ['TOKENIZERS_PARALLELISM'], "
         "[pool['num_threads'] for pool in threadpoolctl.threadpool_info() if pool['user_api'] == 'blas']]))"
     )

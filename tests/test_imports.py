@@ -4,6 +4,8 @@ circle, read from the source (every import statement counts, those for type chec
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,3 +88,21 @@ def test_the_graph_sees_imports():
     assert "ledger.store" in graph["ledger.keyfilter"]
     assert {"ledger.library.schema", "ledger.library.batch"} <= graph["ledger.library.fold"]
     assert "p2p" in {module.split(".")[0] for module in graph["node.daemon"]}
+
+
+def test_a_client_command_loads_neither_numpy_nor_the_storage_stack(tmp_path):
+    """`expledger status` and its like start a process per call, in scripts and loops: what only operations, the
+    daemon and the ledger's storage need (numpy, LevelDB, multiformats, the server) is imported where they are
+    used, so a client command costs ~0.1 s of CPU (node/cli.py). Any import that pulls them in again fails here."""
+    from tests.daemons import init_home
+
+    init_home(tmp_path / "home")
+    script = (
+        "import sys, node.cli\n"
+        f"node.cli.main(['status', '--home', {str(tmp_path / 'home')!r}])\n"
+        "heavy = {'numpy', 'plyvel', 'multiformats', 'ledger.ledger', 'node.daemon', 'trio', 'libp2p'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "no daemon" in done.stderr, done.stderr  # the command read the home and called its RPC address
+    assert done.stdout.splitlines()[-1] == "[]"
