@@ -21,6 +21,7 @@ from ledger import codec
 from ledger.embedder import embedder_for, pack_float16
 from ledger.keys import AuthorKey
 from ledger.ledger import Ledger
+from ledger.local_model import NETWORK
 from ledger.merkle import TreeHead
 from ledger.ops import Embedding, Experience, Kind, Operation, sign
 from ledger.params import NetworkParams
@@ -72,10 +73,11 @@ class Network:
         self.nodes: dict[str, Daemon] = {}
 
     def home(
-        self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None, retrieval_model: str | None = None
+        self, name: str, bootstrap: tuple[str, ...] = (), peers: int | None = None, retrieval_model: str = NETWORK
     ) -> Path:
         """`peers`: its [p2p] peers (0: no discovery; None: the default); `retrieval_model`: its [retrieval] model
-        (None: the default)."""
+        (by default the network's embedding: these tests are of the network, and the local model's start and its
+        background embedding of every experience received, milliseconds each, would take their cores)."""
         home = self.root / name
         init_home(home, network=self.genesis, p2p=P2P, retrieval_model=retrieval_model)
         if self.genesis is None:
@@ -94,7 +96,7 @@ class Network:
         bootstrap: tuple[str, ...] = (),
         peers: int | None = None,
         timeout: float = START_TIMEOUT,
-        retrieval_model: str | None = None,
+        retrieval_model: str = NETWORK,
     ) -> Daemon:
         home = self.root / name
         if not home.exists():
@@ -105,7 +107,7 @@ class Network:
         return daemon
 
     def start_many(
-        self, names: list[str], bootstrap: tuple[str, ...] = (), retrieval_model: str | None = None
+        self, names: list[str], bootstrap: tuple[str, ...] = (), retrieval_model: str = NETWORK
     ) -> list[Daemon]:
         """Initialise and start several daemons, STARTS_AT_ONCE at a time (each is seconds of CPU loading the
         process; more at once only share the cores); returned in `names` order."""
@@ -354,9 +356,9 @@ def peer_count(node: Daemon) -> int:
 def test_ten_nodes_that_know_only_the_first_find_each_other_and_outlive_it(tmp_path):
     """Discovery: every node's [p2p] bootstrap names node 1 alone, yet each comes to hold 4 peers or more, and
     stopping node 1 partitions no one: after an operation submitted to node 5 the nine left have equal state roots."""
-    with network(tmp_path) as net:  # the network's embedding only: a local model costs each start ~1 s of CPU
-        first = net.start("n1", retrieval_model="network")
-        others = net.start_many([f"n{index}" for index in range(2, 11)], (addr(first),), retrieval_model="network")
+    with network(tmp_path) as net:
+        first = net.start("n1")
+        others = net.start_many([f"n{index}" for index in range(2, 11)], (addr(first),))
         for node in [first, *others]:
             wait_until(lambda node=node: peer_count(node) >= 4, f"{node.home.name} holding 4 peers", timeout=120)
         net.stop("n1")
