@@ -11,6 +11,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from unittest import mock
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -61,6 +62,29 @@ def test_many_keys_at_once_are_answered_and_added_as_one_by_one(tmp_path_factory
     assert together.add_all(asked) == before
     assert (together._bits == singly._bits).all() and together._count == singly._count
     assert KeyFilter(directory, "did:key:z").add_all(asked) == [True] * len(asked)  # not ready: all maybe
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(keys, max_size=40), st.lists(keys, max_size=80), st.booleans(), st.lists(keys, max_size=20))
+def test_a_small_ledgers_exact_keys_become_the_bits_a_rebuild_would_set(
+    tmp_path_factory, stored, added, together, never
+) -> None:
+    """Below `_BUILD_CHUNK` keys the filter holds the keys themselves and answers exactly; once it has that many it
+    sets the Bloom filter's bits from them: no key stored is ever "absent", and the bits are a rebuild's."""
+    with mock.patch("ledger.keyfilter._BUILD_CHUNK", 50):
+        grown = _ready_filter(tmp_path_factory.mktemp("f"), stored)
+        if together:
+            grown.add_all(added)
+        else:
+            for key in added:
+                grown.add(key)
+        every = {*stored, *added}
+        assert all(grown.may_hold(key) for key in every)
+        if len(every) < 50:
+            assert grown._exact == every and not any(grown.may_hold(key) for key in set(never) - every)
+        else:
+            rebuilt = _ready_filter(tmp_path_factory.mktemp("f"), sorted(every))
+            assert grown._exact is None and (grown._bits == rebuilt._bits).all()
 
 
 def test_mostly_absent_answers_for_keys_never_stored(tmp_path: Path) -> None:
