@@ -2,12 +2,17 @@
 
 A sync round (p2p/service.py) only learns which operations a peer holds that this node lacks (`Fetcher.want`);
 the `Fetcher` task fetches them, so that an operation several peers listed is read once, not once per peer.
+
+An operation is wanted until it is stored. One whose listing peers all left or failed is kept, stranded, until a
+later round finds a holder (and the node is told at once, to ask its other peers): forgetting it, as before, left
+the hub of 50 daemons 300 operations short with `status` unable to tell, since no later round listed them anew.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -33,6 +38,10 @@ log = logging.getLogger(__name__)
 FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
 FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
 INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
+#: seconds a stranded operation is kept for a round to list it again (every connected holder reconciles again within
+#: SYNC_INTERVAL); after that it is forgotten, so that a peer that listed operations it never had and left cannot
+#: keep this node "catching up" for ever
+STRANDED_KEEP = 300.0
 
 #: `admit(ops, source)`: (what goes to the ingest queue now, which of those are decodable operations)
 Admit = Callable[[list[bytes], Source], tuple[list[bytes], set[bytes]]]
@@ -50,6 +59,8 @@ class Want:
     since: float  # monotonic, when first found
     peers: set[ID] = field(default_factory=set)
     in_flight: bool = False
+    lost: bool = False  # a peer that listed it left or failed before sending it (it may still hold it)
+    stranded_at: float = 0.0  # monotonic, when it was last set aside for want of a usable peer
 
 
 class Fetcher:
@@ -57,11 +68,14 @@ class Fetcher:
     ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan or pending).
 
     `queued` is the node's count of CIDs handed to the ingest queue and not yet answered (shared, not copied):
-    an operation there is not missing."""
+    an operation there is not missing. `usable()`: the connected peers sync may open streams on (not those being
+    closed); `stranded()` is called when operations lose their last usable peer."""
 
     def __init__(
         self,
         host: IHost,
+        usable: Callable[[], set[ID]],
+        stranded: Callable[[], None],
         view: Callable[[], LedgerView],
         counters: Counters,
         peer: Callable[[ID], Peer],
@@ -71,6 +85,8 @@ class Fetcher:
         penalise: Penalise,
     ) -> None:
         self.host = host
+        self._usable = usable
+        self._on_stranded = stranded
         self._view = view
         self.counters = counters
         self._peer = peer
@@ -79,6 +95,7 @@ class Fetcher:
         self._submit = submit
         self._penalise = penalise
         self.wanted: dict[bytes, Want] = {}
+        self.stranded: set[bytes] = set()  # wanted ones no usable peer listed: off the heap until one does
         self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
         self._wanted_changed = trio.Event()
         self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
@@ -94,6 +111,11 @@ class Fetcher:
         want = self.wanted.get(cid)
         if want is not None and not want.in_flight:
             del self.wanted[cid]
+            self.stranded.discard(cid)
+
+    def holders(self) -> set[ID]:
+        """The peers that listed an operation still wanted (those being fetched from among them): O(wanted)."""
+        return set().union(*(want.peers for want in self.wanted.values()))
 
     def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
         """Record which of `found` (listed by `peer`) this node lacks; how many."""
@@ -104,6 +126,9 @@ class Fetcher:
             want = self.wanted.get(cid)
             if want is None:
                 want = self.wanted[cid] = Want(clock, now)
+                heapq.heappush(self._fetch_order, (clock, cid))
+            elif cid in self.stranded:
+                self.stranded.discard(cid)
                 heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
         if lacking:
@@ -119,17 +144,19 @@ class Fetcher:
         turn.set()
         async with trio.open_nursery() as ingesting:
             while True:
-                if not self.wanted:
+                if len(self.wanted) == len(self.stranded):  # nothing to fetch until a round lists some
                     self._fetch_order.clear()  # what is left there is stale
-                    await self._wanted_changed.wait()
+                    with trio.move_on_after(STRANDED_KEEP if self.stranded else math.inf):
+                        await self._wanted_changed.wait()
                     self._wanted_changed = trio.Event()
+                    self._expire()
                     continue
                 window = self._window()
                 if not window:
                     await trio.sleep(FETCH_GRACE / 4)
                     continue
                 chunks = self._assign(window)
-                results: list[list[bytes]] = [[] for _ in chunks]
+                results: list[list[bytes] | None] = [None for _ in chunks]  # None: the fetch failed
                 async with trio.open_nursery() as fetching:
                     for number, (peer_id, cids) in enumerate(chunks):
                         fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
@@ -137,7 +164,7 @@ class Fetcher:
                     self._settle(peer_id, cids, blocks)
                     peer = self._peer(peer_id)
                     source = Source("sync", str(peer_id))
-                    ready, present = self._admit(blocks, source)
+                    ready, present = self._admit(blocks or [], source)
                     await self._ingest_slots.acquire()
                     self.fetched_queued += len(ready)
                     queued = trio.Event()
@@ -145,26 +172,41 @@ class Fetcher:
                     turn = queued
 
     def _window(self) -> list[bytes]:
-        """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
-        or no connected peer has them: a later round finds them again) and holding back those found less than
+        """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived
+        another way), setting aside as stranded those no usable peer listed, and holding back those found less than
         FETCH_GRACE ago. O(window log wanted), so a catch-up of a million operations stays linear."""
-        ripe, connected, view = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers()), self._view()
+        ripe, usable, view = time.monotonic() - FETCH_GRACE, self._usable(), self._view()
         window: dict[bytes, None] = {}  # in order, without repeats
         held_back: list[tuple[int, bytes]] = []
+        stranded = len(self.stranded)
         while self._fetch_order and len(window) < FETCH_WINDOW:
             clock, cid = heapq.heappop(self._fetch_order)
             want = self.wanted.get(cid)
-            if want is None or want.in_flight or cid in window:  # stale, or pushed twice
+            if want is None or want.in_flight or cid in window or cid in self.stranded:  # stale, or pushed twice
                 continue
-            want.peers &= connected
-            if not want.peers or cid in self._queued or view.has(CID(cid)):
+            if gone := want.peers - usable:
+                want.peers -= gone
+                want.lost = True
+            # forgotten when it arrived another way, or when every peer that listed it answered without it
+            if cid in self._queued or view.has(CID(cid)) or not (want.peers or want.lost):
                 del self.wanted[cid]
+            elif not want.peers:
+                self.stranded.add(cid)
+                want.stranded_at = time.monotonic()
             elif want.since > ripe:
                 held_back.append((clock, cid))
             else:
                 window[cid] = None
         for item in held_back:
             heapq.heappush(self._fetch_order, item)
+        if len(self.stranded) > stranded:
+            log.info(
+                "%d wanted operations have no usable peer that listed them (%d in all): kept until a round lists "
+                "them; asking the other peers",
+                len(self.stranded) - stranded,
+                len(self.stranded),
+            )
+            self._on_stranded()
         return list(window)
 
     def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
@@ -183,10 +225,23 @@ class Fetcher:
             load[chosen] += 1
         return chunks
 
-    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
+    def _expire(self) -> None:
+        """Forget the operations stranded for STRANDED_KEEP (no round listed them again meanwhile)."""
+        old = time.monotonic() - STRANDED_KEEP
+        expired = [cid for cid in self.stranded if self.wanted[cid].stranded_at < old]
+        for cid in expired:
+            self.stranded.discard(cid)
+            del self.wanted[cid]
+        if expired:
+            log.warning("forgot %d wanted operations no round listed again in %.0f s", len(expired), STRANDED_KEEP)
+
+    async def _fetch_chunk(
+        self, peer_id: ID, cids: list[bytes], results: list[list[bytes] | None], number: int
+    ) -> None:
         peer = self._peer(peer_id)
         try:
             results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
+            log.info("fetched %d of %d operations from %s", len(results[number]), len(cids), peer_id)
         except Misbehaviour as exc:
             await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
         except (SyncError, LedgerError) as exc:
@@ -194,8 +249,10 @@ class Fetcher:
         except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
             log.exception("fetching %d operations from %s failed", len(cids), peer_id)
 
-    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
-        """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
+    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes] | None) -> None:
+        """Forget what arrived; what the peer did not send is asked of another peer that listed it (`blocks` None:
+        the fetch failed, so the peer may still hold them: a round that lists them again brings it back)."""
+        failed, blocks = blocks is None, blocks or []
         arrived = {CID.for_block(data).raw for data in blocks}
         view = self._view()
         self.counters.sync_fetched += len(blocks)
@@ -211,6 +268,7 @@ class Fetcher:
             else:
                 want.in_flight = False
                 want.peers.discard(peer_id)
+                want.lost = want.lost or failed
                 heapq.heappush(self._fetch_order, (want.clock, cid))
 
     async def _ingest_fetched(

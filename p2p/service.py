@@ -196,12 +196,27 @@ class P2PNode:
         self._syncs = trio.CapacityLimiter(SYNCS)
         self.index = SetIndex()
         self.fetcher = Fetcher(
-            self.host, ledger.view, self.counters, self.peer, self._queued, self._admit, self._submit, self._penalise
+            self.host,
+            self._usable,
+            self._ask_everyone,
+            ledger.view,
+            self.counters,
+            self.peer,
+            self._queued,
+            self._admit,
+            self._submit,
+            self._penalise,
         )
         self._nursery: trio.Nursery | None = None
         serve(self.host, ledger.view, ledger.read, self._served, self.index)
         self.discovery = Discovery(
-            self.host, lambda: self.addrs, self._refused, self.connect, self._connected_since, target_peers
+            self.host,
+            lambda: self.addrs,
+            self._refused,
+            self.connect,
+            self._connected_since,
+            target_peers,
+            self._needed,
         )
 
     # --- running -----------------------------------------------------------------------------------
@@ -247,6 +262,23 @@ class P2PNode:
         """Whether the swarm holds a connection to `peer_id` now (its table, not the close notifications)."""
         return peer_id in self.host.get_connected_peers()
 
+    def _usable(self) -> set[ID]:
+        """The connected peers sync may open streams on: not those discovery is closing."""
+        return set(self.host.get_connected_peers()) - self.discovery.closing
+
+    def _needed(self) -> set[ID]:
+        """The peers discovery must not close now: those sync is reading, and those that listed operations this
+        node still has to fetch."""
+        return {peer.id for peer in self.peers.values() if peer.in_flight} | self.fetcher.holders()
+
+    def _ask_everyone(self) -> None:
+        """Wanted operations lost their last peer: reconcile with every usable peer soon (each round still waits
+        out its peer's backoff), rather than when each one's interval ends."""
+        usable = self._usable()
+        for peer in self.connected():
+            if peer.id in usable and peer.speaks_sync:
+                peer.wanted.set()
+
     # --- the node's side ------------------------------------------------------------------------------
 
     def committed(self, receipts: Sequence[Receipt], data: Sequence[bytes]) -> None:
@@ -288,6 +320,7 @@ class P2PNode:
         return {
             "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
             "behind": behind,
+            "stranded": len(self.fetcher.stranded),  # of those, found missing with no usable peer that listed them
             "unreconciled": unreconciled,
             "rounds": self.counters.sync_rounds,
             "fetched": self.counters.sync_fetched,
@@ -534,7 +567,7 @@ class P2PNode:
             if (backoff := peer.next_sync - time.monotonic()) > 0:
                 await trio.sleep(backoff)
             peer.wanted = trio.Event()
-            if not peer.speaks_sync:
+            if not peer.speaks_sync or peer.id in self.discovery.closing:
                 continue
             async with self._syncs:
                 try:
@@ -548,9 +581,11 @@ class P2PNode:
         reconcile our sets to learn what it holds that we lack (fetched afterwards, each operation from one
         peer, by `self.fetcher`), then fetch what orphans from it and pending operations still miss."""
         peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
+        started, outcome = time.monotonic(), "cut short (the peer left or the node stops)"
         try:
             head = await verify_head(self.host, peer.id, self.states)
             peer.node, peer.head_size = head.node, head.size
+            outcome = f"head {head.size}, unchanged since nothing was missing"
             if head.size != peer.settled_size:  # its log is its set: the same size holds nothing new
                 view = self.ledger.view()
                 await self.index.follow(view, self.ledger.read)
@@ -558,14 +593,14 @@ class P2PNode:
                 self.counters.sync_rounds += 1
                 peer.missing = self.fetcher.want(found, peer.id, view)
                 peer.settled_size = -1 if peer.missing else head.size
-                if peer.missing:
-                    log.info("reconciled with %s: %d operations missing here", peer.id, peer.missing)
+                outcome = f"head {head.size}, {len(found)} listed, {peer.missing} missing here"
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
                 found_blocks = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
                 await self._deliver(found_blocks, Source("sync", str(peer.id)), peer, wait=True)
+                outcome += f", {len(found_blocks)} of {len(missing)} dependencies fetched"
             peer.sync_state = "fetching" if peer.missing else "in sync"
             peer.sync_failures, peer.last_sync = 0, time.time()
             # gossip hints at a grown log with nearly every message under load, and gossip itself delivers most of
@@ -576,16 +611,29 @@ class P2PNode:
             where = self.states.record_fork(fork) if "earlier" in fork.evidence else None
             log.error("peer %s: %s; evidence in %s; refusing it", peer.id, fork.message, where)
             peer.sync_failed(fork.code)
+            outcome = f"failed: {fork.code}"
             await self.ban(peer, math.inf, "it serves a forked log")
         except Misbehaviour as exc:
             peer.sync_failed(exc.code)
+            outcome = f"failed: {exc}"
             await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
         except (SyncError, LedgerError) as exc:
-            log.info("sync with %s failed: %s", peer.id, exc)
             peer.sync_failed(exc.code)
+            outcome = f"failed: {exc}"
             peer.speaks_sync = exc.code != "sync.unsupported"
         finally:
             peer.in_flight -= 1
+            # one line per round, so that a node that stays behind shows which rounds failed and why
+            log.info(
+                "sync round with %s: %s (%.1f s; %d failed in a row, next in %.0f s; %d wanted here, %d stranded)",
+                peer.id,
+                outcome,
+                time.monotonic() - started,
+                peer.sync_failures,
+                max(0.0, peer.next_sync - time.monotonic()),
+                len(self.fetcher.wanted),
+                len(self.fetcher.stranded),
+            )
 
     # --- peers -----------------------------------------------------------------------------------------
 
@@ -620,7 +668,8 @@ class P2PNode:
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
                     peer.connected_since, peer.last_sync, peer.settled_size = time.time(), 0.0, -1
-                    peer.speaks_sync = True
+                    # a new connection: what failed on the last one (often closed by a trim) says nothing of it
+                    peer.speaks_sync, peer.sync_failures, peer.next_sync = True, 0, 0.0
                     self.discovery.connected(peer.id)
                     peer.wanted.set()
                     self._nursery.start_soon(self._run_peer, peer)
@@ -637,9 +686,11 @@ class P2PNode:
                 peer.scope = None
 
     async def _keep_connected(self, addr: str) -> None:
-        """Dial a bootstrap peer at start and whenever it is not connected while this node has fewer peers than
-        discovery's target (always without discovery), backing off while it is unreachable. (Not always: a
-        bootstrap node that closes surplus connections would be redialled by everyone it let go.)"""
+        """Dial a bootstrap peer at start and whenever it is not connected while this node has no peer, or fewer
+        than discovery's target and none other in its book to dial (always without discovery), backing off while
+        it is unreachable. (Not whenever below the target: the bootstrap node of 50 closes surplus connections,
+        and everyone it let go redialled it at once, each new connection's handshakes and first sync round adding
+        to the load of the node that was already the busiest.)"""
         peer_id, multiaddr = parse_peer_addr(addr)
         refusal = dial_to_self(self.host, peer_id, multiaddr)
         if refusal is not None:
@@ -650,8 +701,9 @@ class P2PNode:
         backoff = 1.0
         while True:
             peer = self.peer(peer_id)
-            target = self.discovery.target
-            enough = target > 0 and len(self.host.get_connected_peers()) >= target
+            target, connected = self.discovery.target, self.host.get_connected_peers()
+            others = bool(connected) and bool(self.discovery.book.candidates({*connected, peer_id}))
+            enough = target > 0 and (len(connected) >= target or others)
             if self.is_connected(peer_id) or peer.banned or enough:
                 await trio.sleep(1.0)
                 continue

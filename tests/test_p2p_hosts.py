@@ -33,6 +33,7 @@ from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
 from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
+from p2p.discovery import Discovery
 from p2p.gossip import build_pubsub, drop_copies_in_validation, set_validator, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
 from p2p.reconcile import LEVELS, LIST_BELOW, MAX_PREFIXES, SetIndex
@@ -599,6 +600,94 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
     finally:
         for ledger in [*holders, fresh]:
             ledger.close()
+
+
+def _looked_again(node: P2PNode) -> dict[str, Any] | None:
+    status = node.sync_status()
+    return status if status["state"] == "in sync" or status.get("stranded") else None
+
+
+def test_operations_whose_only_peer_left_before_the_fetch_stay_wanted_until_another_peer_lists_them(tmp_path):
+    """The fresh node finds 40 operations missing at its one peer, whose connection closes before the fetch (as
+    the hub of 50 daemons closed the only peer that had listed 300 it lacked): it keeps them wanted and says
+    "catching up" (it forgot them and said "in sync"), then fetches each once from the next peer that lists them."""
+    history = random_history(random.Random(31), 40)
+    holders = [open_ledger(tmp_path / f"holder{number}") for number in range(2)]
+    fresh = open_ledger(tmp_path / "fresh")
+    for ledger in holders:
+        ingest(ledger, history)
+
+    def p2p_node(ledger: Ledger, name: str) -> P2PNode:
+        return P2PNode(
+            key_pair(secrets.token_bytes(32)),
+            ["/ip4/127.0.0.1/tcp/0"],
+            [],
+            LedgerPortOverLedger(ledger),
+            LogStates(tmp_path / name),
+            target_peers=0,
+        )
+
+    async def until(check: Callable[[], Any]) -> Any:
+        while not (result := check()):
+            await trio.sleep(0.01)
+        return result
+
+    async def main() -> tuple[dict[str, Any], P2PNode, list[P2PNode]]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery:
+                servers = [p2p_node(ledger, f"p2p{number}") for number, ledger in enumerate(holders)]
+                addrs = [(await nursery.start(server.run))[0] for server in servers]
+                client = p2p_node(fresh, "p2p-fresh")
+                await nursery.start(client.run)
+                await client.connect(addrs[0])
+                # found missing; the fetch waits FETCH_GRACE (1 s) for gossip, and the only peer leaves meanwhile
+                await until(lambda: client.sync_status()["behind"] == len(history))
+                await client.host.disconnect(servers[0].id)
+                # the fetcher has looked at them again: either kept (stranded) or forgotten ("in sync")
+                left = await until(partial(_looked_again, client))
+                await client.connect(addrs[1])
+                await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
+                for node in [*servers, client]:
+                    node.stop.set()
+        return left, client, servers
+
+    try:
+        left, client, servers = trio.run(main)
+        assert (left["state"], left["behind"], left.get("stranded")) == ("catching up", len(history), len(history))
+        assert fresh.view().state_root() == holders[1].view().state_root()
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert (client.peer(servers[0].id).fetched, client.peer(servers[1].id).fetched) == (0, len(history))
+    finally:
+        for ledger in [*holders, fresh]:
+            ledger.close()
+
+
+def test_discovery_does_not_close_a_surplus_peer_sync_needs():
+    """Four peers above a target of one: the newest three are surplus, but the one sync needs (it listed operations
+    this node still lacks, or a read from it is on) stays connected."""
+    hub, peers = _noise_host(), [_noise_host() for _ in range(4)]
+    needed = {peers[3].get_id()}
+    since = {peer.get_id(): 1.0 + number for number, peer in enumerate(peers)}  # long past TRIM_GRACE, oldest first
+
+    async def never(addr: str) -> ID:
+        raise AssertionError("trimming dials no one")
+
+    discovery = Discovery(hub, list, lambda peer: False, never, since.get, 1, lambda: needed)
+
+    async def main() -> set[ID]:
+        with trio.fail_after(TIMEOUT):
+            async with running(hub, *peers):
+                for peer in peers:
+                    await connect(peer, full_addrs(hub)[0], 10)
+                while len(hub.get_connected_peers()) < len(peers):
+                    await trio.sleep(0.01)
+                await discovery._trim(list(hub.get_connected_peers()))
+                while len(hub.get_connected_peers()) > 2:
+                    await trio.sleep(0.01)
+                return set(hub.get_connected_peers())
+
+    assert trio.run(main) == {peers[0].get_id(), peers[3].get_id()}  # the oldest and the needed one
+    assert discovery.closing == set()
 
 
 def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
