@@ -59,7 +59,6 @@ class Want:
     since: float  # monotonic, when first found
     peers: set[ID] = field(default_factory=set)
     in_flight: bool = False
-    lost: bool = False  # a peer that listed it left or failed before sending it (it may still hold it)
     stranded_at: float = 0.0  # monotonic, when it was last set aside for want of a usable peer
 
 
@@ -156,7 +155,7 @@ class Fetcher:
                     await trio.sleep(FETCH_GRACE / 4)
                     continue
                 chunks = self._assign(window)
-                results: list[list[bytes] | None] = [None for _ in chunks]  # None: the fetch failed
+                results: list[list[bytes]] = [[] for _ in chunks]
                 async with trio.open_nursery() as fetching:
                     for number, (peer_id, cids) in enumerate(chunks):
                         fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
@@ -164,7 +163,7 @@ class Fetcher:
                     self._settle(peer_id, cids, blocks)
                     peer = self._peer(peer_id)
                     source = Source("sync", str(peer_id))
-                    ready, present = self._admit(blocks or [], source)
+                    ready, present = self._admit(blocks, source)
                     await self._ingest_slots.acquire()
                     self.fetched_queued += len(ready)
                     queued = trio.Event()
@@ -184,11 +183,8 @@ class Fetcher:
             want = self.wanted.get(cid)
             if want is None or want.in_flight or cid in window or cid in self.stranded:  # stale, or pushed twice
                 continue
-            if gone := want.peers - usable:
-                want.peers -= gone
-                want.lost = True
-            # forgotten when it arrived another way, or when every peer that listed it answered without it
-            if cid in self._queued or view.has(CID(cid)) or not (want.peers or want.lost):
+            want.peers &= usable
+            if cid in self._queued or view.has(CID(cid)):
                 del self.wanted[cid]
             elif not want.peers:
                 self.stranded.add(cid)
@@ -235,9 +231,7 @@ class Fetcher:
         if expired:
             log.warning("forgot %d wanted operations no round listed again in %.0f s", len(expired), STRANDED_KEEP)
 
-    async def _fetch_chunk(
-        self, peer_id: ID, cids: list[bytes], results: list[list[bytes] | None], number: int
-    ) -> None:
+    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
         peer = self._peer(peer_id)
         try:
             results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
@@ -249,10 +243,10 @@ class Fetcher:
         except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
             log.exception("fetching %d operations from %s failed", len(cids), peer_id)
 
-    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes] | None) -> None:
-        """Forget what arrived; what the peer did not send is asked of another peer that listed it (`blocks` None:
-        the fetch failed, so the peer may still hold them: a round that lists them again brings it back)."""
-        failed, blocks = blocks is None, blocks or []
+    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
+        """Forget what arrived; what the peer did not send is asked of another peer that listed it, or stranded
+        (`_window`) when none is left. A peer that listed an operation holds it (a log only grows), so one it did
+        not send means a failed exchange (py-libp2p may show a reset stream as a clean end), not that none has it."""
         arrived = {CID.for_block(data).raw for data in blocks}
         view = self._view()
         self.counters.sync_fetched += len(blocks)
@@ -268,7 +262,6 @@ class Fetcher:
             else:
                 want.in_flight = False
                 want.peers.discard(peer_id)
-                want.lost = want.lost or failed
                 heapq.heappush(self._fetch_order, (want.clock, cid))
 
     async def _ingest_fetched(

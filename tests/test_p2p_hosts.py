@@ -55,6 +55,7 @@ from p2p.sync import (
     serve,
     verify_head,
 )
+from p2p.sync import answer as answer_request
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
 
@@ -602,20 +603,44 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
             ledger.close()
 
 
+def failing_fetches(host: IHost, ledger: Ledger) -> None:
+    """A sync server that answers every request as a node does except `blocks`, whose stream it resets: a peer
+    that lists operations and then fails every fetch of them (as the overloaded peers of a 50-daemon run did)."""
+    index = SetIndex()
+
+    async def handler(stream: INetStream) -> None:
+        try:
+            data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
+            if data is None or codec.decode(data)["get"] == "blocks":
+                raise SyncError("sync.stream", "this server fails every fetch")
+            writer = FrameWriter(stream)
+            async for payload in answer_request(ledger.view(), data, read, index):
+                await writer.send(payload)
+            await writer.flush()
+            await stream.close()
+        except Exception:
+            with trio.CancelScope(shield=True):
+                await stream.reset()
+
+    host.set_stream_handler(SYNC_PROTOCOL, handler)
+
+
 def _looked_again(node: P2PNode) -> dict[str, Any] | None:
     status = node.sync_status()
     return status if status["state"] == "in sync" or status.get("stranded") else None
 
 
-def test_operations_whose_only_peer_left_before_the_fetch_stay_wanted_until_another_peer_lists_them(tmp_path):
-    """The fresh node finds 40 operations missing at its one peer, whose connection closes before the fetch (as
-    the hub of 50 daemons closed the only peer that had listed 300 it lacked): it keeps them wanted and says
-    "catching up" (it forgot them and said "in sync"), then fetches each once from the next peer that lists them."""
+def test_operations_whose_only_holder_fails_the_fetch_stay_wanted_until_another_peer_serves_them(tmp_path):
+    """The fresh node finds 40 operations missing at its one peer, which fails every fetch (as the hub of 50
+    daemons failed to fetch 300 from the one peer that had listed them): it keeps them wanted and says "catching
+    up" (it forgot them and said "in sync"), then fetches each once from the next peer that lists them."""
     history = random_history(random.Random(31), 40)
     holders = [open_ledger(tmp_path / f"holder{number}") for number in range(2)]
     fresh = open_ledger(tmp_path / "fresh")
     for ledger in holders:
         ingest(ledger, history)
+    failing = _noise_host()
+    failing_fetches(failing, holders[0])
 
     def p2p_node(ledger: Ledger, name: str) -> P2PNode:
         return P2PNode(
@@ -632,31 +657,29 @@ def test_operations_whose_only_peer_left_before_the_fetch_stay_wanted_until_anot
             await trio.sleep(0.01)
         return result
 
-    async def main() -> tuple[dict[str, Any], P2PNode, list[P2PNode]]:
-        with trio.fail_after(TIMEOUT):
-            async with trio.open_nursery() as nursery:
-                servers = [p2p_node(ledger, f"p2p{number}") for number, ledger in enumerate(holders)]
-                addrs = [(await nursery.start(server.run))[0] for server in servers]
+    async def main() -> tuple[dict[str, Any], P2PNode, P2PNode]:
+        with trio.fail_after(TIMEOUT * 2):
+            async with trio.open_nursery() as nursery, running(failing):
+                server = p2p_node(holders[1], "p2p-server")
                 client = p2p_node(fresh, "p2p-fresh")
+                server_addrs = await nursery.start(server.run)
                 await nursery.start(client.run)
-                await client.connect(addrs[0])
-                # found missing; the fetch waits FETCH_GRACE (1 s) for gossip, and the only peer leaves meanwhile
-                await until(lambda: client.sync_status()["behind"] == len(history))
-                await client.host.disconnect(servers[0].id)
-                # the fetcher has looked at them again: either kept (stranded) or forgotten ("in sync")
+                await client.connect(full_addrs(failing)[0])
+                await until(lambda: client.sync_status()["behind"] == len(history))  # found missing
+                # the fetch has failed: the operations are either kept (stranded) or forgotten ("in sync")
                 left = await until(partial(_looked_again, client))
-                await client.connect(addrs[1])
+                await client.connect(server_addrs[0])
                 await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
-                for node in [*servers, client]:
+                for node in (server, client):
                     node.stop.set()
-        return left, client, servers
+        return left, client, server
 
     try:
-        left, client, servers = trio.run(main)
+        left, client, server = trio.run(main)
         assert (left["state"], left["behind"], left.get("stranded")) == ("catching up", len(history), len(history))
         assert fresh.view().state_root() == holders[1].view().state_root()
         assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
-        assert (client.peer(servers[0].id).fetched, client.peer(servers[1].id).fetched) == (0, len(history))
+        assert (client.peer(failing.get_id()).fetched, client.peer(server.id).fetched) == (0, len(history))
     finally:
         for ledger in [*holders, fresh]:
             ledger.close()
