@@ -68,7 +68,7 @@ from ledger.cid import CID
 from ledger.ledger import HEAD_FILE, NODE_KEY, Ledger
 from ledger.params import NetworkParams
 from node.home import Home
-from tests.daemons import Daemon, init_home, start
+from tests.daemons import LOG, Daemon, init_home, start
 
 P2P = "/ip4/127.0.0.1/tcp/0"
 BATCH = 1000
@@ -424,8 +424,9 @@ def rss_mb(pid: int) -> float:
 
 
 @contextmanager
-def swarm(root: Path, count: int) -> Iterator[list[Daemon]]:
-    """`count` daemons that know only the first, started several at once; stopped when the block ends."""
+def swarm(root: Path, count: int, keep_logs: Path | None = None) -> Iterator[list[Daemon]]:
+    """`count` daemons that know only the first, started several at once; stopped when the block ends, their logs
+    then copied to `keep_logs` (node i's as n{i}.log) when given."""
     nodes: list[Daemon] = []
     try:
         nodes.append(start(node_home(root, "n0", None, [])))
@@ -439,6 +440,11 @@ def swarm(root: Path, count: int) -> Iterator[list[Daemon]]:
     finally:
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda node: node.stop(), nodes))
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for node in nodes:
+                shutil.copy(node.home / LOG, keep_logs / f"{node.home.name}.log")
+            progress(f"the daemons' logs are in {keep_logs}")
 
 
 def on_all(nodes: list[Daemon], method: str) -> list[Any]:
@@ -456,20 +462,22 @@ def report_disagreement(nodes: list[Daemon], expected: int) -> None:
         connected = [peer for peer in node.call("peers")["peers"] if peer["connected"]]
         states = Counter(peer["sync"]["state"] for peer in connected)
         failures = sum(peer["sync"]["failures"] for peer in connected)
+        sync = node.call("status")["p2p"]["sync"]
         print(
             f"node {number}: {state['log_size']:,} of {expected:,} operations; {len(connected)} peers connected, "
-            f"sync states {dict(states)}, {failures} failed rounds in a row over them",
+            f"sync states {dict(states)}, {failures} failed rounds in a row over them; "
+            f"{sync['behind']} known missing, {sync['stranded']} of them stranded (no usable peer listed them)",
             flush=True,
         )
     agreeing = sum(1 for state in states if state["log_size"] == expected)
     print(f"{agreeing} of {len(nodes)} nodes hold all {expected:,} operations", flush=True)
 
 
-def bench_scale(count: int, burst: int) -> None:
+def bench_scale(count: int, burst: int, keep_logs: Path | None = None) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
         began = time.monotonic()
-        with swarm(root, count) as nodes:
+        with swarm(root, count, keep_logs) as nodes:
             all_ready = time.monotonic()
             progress(f"{count} daemons started in {all_ready - began:.0f} s; waiting for discovery ...")
             wanted = min(6, count - 1)
@@ -572,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batching", type=int, default=3000, help="operations for the batching measurement")
     parser.add_argument("--burst", type=int, default=1000, help="operations in the scale measurement's burst")
+    parser.add_argument("--keep-logs", type=Path, dest="keep_logs", help="scale: copy the daemons' logs here")
     parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue", "scale"], action="append")
     args = parser.parse_args(argv)
     wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue", "scale"])
@@ -585,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     if "rogue" in wanted:
         bench_rogue(args.nodes, rates[0], args.seconds)
     if "scale" in wanted:
-        bench_scale(args.nodes, args.burst)
+        bench_scale(args.nodes, args.burst, args.keep_logs)
     return 0
 
 

@@ -152,9 +152,11 @@ class Discovery:
         dial: Callable[[str], Awaitable[ID]],
         since: Callable[[ID], float | None],
         target: int = TARGET_PEERS,
+        needed: Callable[[], set[ID]] = set,
     ) -> None:
         """`refused(peer)`: banned; `dial(addr)` connects; `since(peer)`: wall-clock second it connected;
-        `target`: the connections to keep (0: `run` is not started; exchanges are still answered)."""
+        `target`: the connections to keep (0: `run` is not started; exchanges are still answered); `needed()`:
+        the peers not to close now (sync is reading them, or they hold operations this node still has to fetch)."""
         self.host = host
         self.target = target
         self.book = AddressBook(host.get_id())
@@ -162,6 +164,8 @@ class Discovery:
         self._refused = refused
         self._connect = dial
         self._since = since
+        self._needed = needed
+        self.closing: set[ID] = set()  # connections `_trim` is closing: sync opens no new stream on them
         self._exchanged: set[ID] = set()  # connected peers exchanged with since they connected
         self.exchanges = 0
         host.set_stream_handler(PEERS_PROTOCOL, self._answer)
@@ -272,14 +276,26 @@ class Discovery:
 
     async def _trim(self, connected: list[ID]) -> None:
         """Close the newest surplus connections among those older than TRIM_GRACE (Kubo's connection manager
-        does the same between its low and high water marks)."""
-        settled = time.time() - TRIM_GRACE
+        does the same between its low and high water marks), except those sync needs: closing a peer in the middle
+        of a read, or the one that listed operations this node still lacks, left a hub of 50 short of 300 of them.
+        The oldest connections are never surplus, so a hub keeps its longest-lived peers."""
+        settled, needed = time.time() - TRIM_GRACE, self._needed()
         ages = {peer: self._since(peer) for peer in connected}
         closable = sorted((since, str(peer), peer) for peer, since in ages.items() if since and since < settled)
-        surplus = closable[-(len(connected) - self.target) :]
-        for _, _, peer in surplus:
-            log.info("closing the connection to %s: %d peers connected, %d wanted", peer, len(connected), self.target)
-            await self.host.disconnect(peer)
+        surplus = [peer for _, _, peer in closable[-(len(connected) - self.target) :] if peer not in needed]
+        self.closing.update(surplus)
+        try:
+            for peer in surplus:
+                log.info(
+                    "closing the connection to %s: %d peers connected, %d wanted (%d spared: sync needs them)",
+                    peer,
+                    len(connected),
+                    self.target,
+                    len(needed & set(connected)),
+                )
+                await self.host.disconnect(peer)
+        finally:
+            self.closing.difference_update(surplus)
 
 
 def _observed_ip(stream: INetStream) -> str | None:

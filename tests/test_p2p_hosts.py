@@ -33,6 +33,7 @@ from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
 from ledger.merkle import TreeHead
 from ledger.proofs import verify_consistency
+from p2p.discovery import Discovery
 from p2p.gossip import build_pubsub, drop_copies_in_validation, set_validator, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
 from p2p.reconcile import LEVELS, LIST_BELOW, MAX_PREFIXES, SetIndex
@@ -54,6 +55,7 @@ from p2p.sync import (
     serve,
     verify_head,
 )
+from p2p.sync import answer as answer_request
 from tests import factories as f
 from tests.ledgers import open_ledger, random_history
 
@@ -599,6 +601,116 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
     finally:
         for ledger in [*holders, fresh]:
             ledger.close()
+
+
+def failing_fetches(host: IHost, ledger: Ledger) -> None:
+    """A sync server that answers every request as a node does except `blocks`, whose stream it resets: a peer
+    that lists operations and then fails every fetch of them (as the overloaded peers of a 50-daemon run did)."""
+    index = SetIndex()
+
+    async def handler(stream: INetStream) -> None:
+        try:
+            data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
+            if data is None or codec.decode(data)["get"] == "blocks":
+                raise SyncError("sync.stream", "this server fails every fetch")
+            writer = FrameWriter(stream)
+            async for payload in answer_request(ledger.view(), data, read, index):
+                await writer.send(payload)
+            await writer.flush()
+            await stream.close()
+        except Exception:
+            with trio.CancelScope(shield=True):
+                await stream.reset()
+
+    host.set_stream_handler(SYNC_PROTOCOL, handler)
+
+
+def _looked_again(node: P2PNode) -> dict[str, Any] | None:
+    status = node.sync_status()
+    return status if status["state"] == "in sync" or status.get("stranded") else None
+
+
+def test_operations_whose_only_holder_fails_the_fetch_stay_wanted_until_another_peer_serves_them(tmp_path):
+    """The fresh node finds 40 operations missing at its one peer, which fails every fetch (as the hub of 50
+    daemons failed to fetch 300 from the one peer that had listed them): it keeps them wanted and says "catching
+    up" (it forgot them and said "in sync"), then fetches each once from the next peer that lists them."""
+    history = random_history(random.Random(31), 40)
+    holders = [open_ledger(tmp_path / f"holder{number}") for number in range(2)]
+    fresh = open_ledger(tmp_path / "fresh")
+    for ledger in holders:
+        ingest(ledger, history)
+    failing = _noise_host()
+    failing_fetches(failing, holders[0])
+
+    def p2p_node(ledger: Ledger, name: str) -> P2PNode:
+        return P2PNode(
+            key_pair(secrets.token_bytes(32)),
+            ["/ip4/127.0.0.1/tcp/0"],
+            [],
+            LedgerPortOverLedger(ledger),
+            LogStates(tmp_path / name),
+            target_peers=0,
+        )
+
+    async def until(check: Callable[[], Any]) -> Any:
+        while not (result := check()):
+            await trio.sleep(0.01)
+        return result
+
+    async def main() -> tuple[dict[str, Any], P2PNode, P2PNode]:
+        with trio.fail_after(TIMEOUT * 2):
+            async with trio.open_nursery() as nursery, running(failing):
+                server = p2p_node(holders[1], "p2p-server")
+                client = p2p_node(fresh, "p2p-fresh")
+                server_addrs = await nursery.start(server.run)
+                await nursery.start(client.run)
+                await client.connect(full_addrs(failing)[0])
+                await until(lambda: client.sync_status()["behind"] == len(history))  # found missing
+                # the fetch has failed: the operations are either kept (stranded) or forgotten ("in sync")
+                left = await until(partial(_looked_again, client))
+                await client.connect(server_addrs[0])
+                await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
+                for node in (server, client):
+                    node.stop.set()
+        return left, client, server
+
+    try:
+        left, client, server = trio.run(main)
+        assert (left["state"], left["behind"], left.get("stranded")) == ("catching up", len(history), len(history))
+        assert fresh.view().state_root() == holders[1].view().state_root()
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert (client.peer(failing.get_id()).fetched, client.peer(server.id).fetched) == (0, len(history))
+    finally:
+        for ledger in [*holders, fresh]:
+            ledger.close()
+
+
+def test_discovery_does_not_close_a_surplus_peer_sync_needs():
+    """Four peers above a target of one: the newest three are surplus, but the one sync needs (it listed operations
+    this node still lacks, or a read from it is on) stays connected."""
+    hub, peers = _noise_host(), [_noise_host() for _ in range(4)]
+    needed = {peers[3].get_id()}
+    since = {peer.get_id(): 1.0 + number for number, peer in enumerate(peers)}  # long past TRIM_GRACE, oldest first
+
+    async def never(addr: str) -> ID:
+        raise AssertionError("trimming dials no one")
+
+    discovery = Discovery(hub, list, lambda peer: False, never, since.get, 1, lambda: needed)
+
+    async def main() -> set[ID]:
+        with trio.fail_after(TIMEOUT):
+            async with running(hub, *peers):
+                for peer in peers:
+                    await connect(peer, full_addrs(hub)[0], 10)
+                while len(hub.get_connected_peers()) < len(peers):
+                    await trio.sleep(0.01)
+                await discovery._trim(list(hub.get_connected_peers()))
+                while len(hub.get_connected_peers()) > 2:
+                    await trio.sleep(0.01)
+                return set(hub.get_connected_peers())
+
+    assert trio.run(main) == {peers[0].get_id(), peers[3].get_id()}  # the oldest and the needed one
+    assert discovery.closing == set()
 
 
 def test_two_bans_at_once_leave_the_node_running(tmp_path, target):
