@@ -208,3 +208,32 @@ def test_the_pending_count_follows_dependencies_across_restarts(tmp_path):
     ledger.submit(add.data)
     assert ledger.pending_count() == 0 == len(ledger.view().pending())
     ledger.close()
+
+
+def test_a_batch_stores_parents_first_and_a_child_without_its_parent_waits_as_pending(tmp_path):
+    """Within a batch each operation is stored after its dependencies, whatever the order they came in (one stored
+    ahead of a parent waited as pending, and so did all that descends from it); across batches a child without its
+    parent waits, counted in `waited`, does not keep later operations from applying, and applies when it comes."""
+    blocks = random_history(random.Random(8), 120)  # some clocks are too low: clock order is not causal order
+    shuffled = [block.data for block in blocks]
+    random.Random(9).shuffle(shuffled)
+    ordered, mixed = open_ledger(tmp_path / "ordered"), open_ledger(tmp_path / "mixed")
+    ordered.ingest([block.data for block in blocks])
+    mixed.ingest(shuffled)
+    assert (ordered.waited, mixed.waited) == (0, 0)
+    assert mixed.view().state_root() == ordered.view().state_root()
+    positions = {cid: index for index, cid in enumerate(mixed.view().logged_cids(0, len(blocks)))}
+    assert all(positions[dep.raw] < positions[block.cid.raw] for block in blocks for dep in block.op.dependencies)
+
+    late = f.add(TEXT_B)
+    child = f.signed(f.operation(Kind.VOTE, clock=2, parents=(late.cid,), target=late.cid, vote=1), f.author(3))
+    ordered.ingest([child.data])
+    other = f.signed(f.operation(Kind.VOTE, clock=99, parents=(blocks[-1].cid,), target=late.cid, vote=-1))
+    assert ordered.submit(other.data).outcome == "pending" and ordered.waited == 2
+    independent = f.add("When the parent is late, apply what does not wait for it.")
+    assert ordered.submit(independent.data).outcome == "applied"
+    released: list[CID] = []
+    ordered.ingest([late.data], released=released)
+    assert set(released) == {child.cid, other.cid} and ordered.pending_count() == 0
+    ordered.close()
+    mixed.close()
