@@ -11,14 +11,13 @@ disconnected concurrently, then the host closed, shielded and bounded (`host.run
 
 from __future__ import annotations
 
-import heapq
 import logging
 import math
 import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -38,6 +37,7 @@ from ledger.validation import examine
 from ledger.view import LedgerView
 from p2p import gossip
 from p2p.discovery import TARGET_PEERS, Discovery
+from p2p.fetch import Fetcher
 from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import build_host, connect, dial_to_self, full_addrs, parse_peer_addr
 from p2p.orphans import Orphan, OrphanPool
@@ -81,9 +81,6 @@ ORPHAN_SWEEP = 30.0  # seconds between expiries of the orphan pool
 #: what a sync request can get wrong that no honest node does (a stream cut short or slow may be the network's fault)
 PENALISED_SYNC_ERRORS = ("sync.request", "sync.frame.too_large")
 FORWARDERS = 4096  # recent gossip messages whose forwarder is remembered (to blame it for what ingest rejects)
-FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
-FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
-INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
 
 
 class LedgerPort(Protocol):
@@ -108,16 +105,6 @@ class LedgerPort(Protocol):
         """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued). `queued` is
         set once `ops` are in the queue (or refused), before they are durable."""
         ...
-
-
-@dataclass
-class Want:
-    """An operation a reconciliation found missing: its clock (fetch order) and the peers that listed it."""
-
-    clock: int
-    since: float  # monotonic, when first found
-    peers: set[ID] = field(default_factory=set)
-    in_flight: bool = False
 
 
 @dataclass
@@ -208,11 +195,9 @@ class P2PNode:
         self._deliveries = trio.Semaphore(DELIVERIES)  # acquired by the receiver, released by the delivery
         self._syncs = trio.CapacityLimiter(SYNCS)
         self.index = SetIndex()
-        self._wanted: dict[bytes, Want] = {}
-        self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
-        self._wanted_changed = trio.Event()
-        self._ingest_slots = trio.Semaphore(INGEST_SLOTS)
-        self._fetched_queued = 0  # operations fetched and waiting for ingest
+        self.fetcher = Fetcher(
+            self.host, ledger.view, self.counters, self.peer, self._queued, self._admit, self._submit, self._penalise
+        )
         self._nursery: trio.Nursery | None = None
         serve(self.host, ledger.view, ledger.read, self._served, self.index)
         self.discovery = Discovery(
@@ -233,7 +218,7 @@ class P2PNode:
                 nursery.start_soon(self._deliver_released)
                 nursery.start_soon(self._ping_peers)
                 nursery.start_soon(self._sweep_orphans)
-                nursery.start_soon(self._fetch_wanted)
+                nursery.start_soon(self.fetcher.run)
                 if self.discovery.target:
                     nursery.start_soon(self.discovery.run)
                 for addr in self.bootstrap:
@@ -272,9 +257,7 @@ class P2PNode:
             if receipt.cid is None or receipt.verdict is Verdict.REJECTED:
                 continue
             stored.append(receipt.cid.raw)
-            want = self._wanted.get(receipt.cid.raw)
-            if want is not None and not want.in_flight:  # arrived another way (gossip): no longer missing
-                del self._wanted[receipt.cid.raw]
+            self.fetcher.stored(receipt.cid.raw)
             if receipt.verdict is Verdict.ACCEPTED and receipt.source.kind in ("rpc", "local"):
                 self.outbox.put(op)
         for orphan in self.orphans.release(stored):
@@ -301,7 +284,7 @@ class P2PNode:
         missing here."""
         connected = self.connected()
         unreconciled = sum(1 for peer in connected if not peer.last_sync and peer.speaks_sync)
-        behind = len(self._wanted) + self._fetched_queued + len(self.orphans)
+        behind = self.fetcher.behind + len(self.orphans)
         return {
             "state": "in sync" if behind == 0 and unreconciled == 0 else "catching up",
             "behind": behind,
@@ -563,7 +546,7 @@ class P2PNode:
     async def sync_with(self, peer: Peer) -> None:
         """One round: verify the peer's signed head against the last one of its node (a fork is caught here),
         reconcile our sets to learn what it holds that we lack (fetched afterwards, each operation from one
-        peer, by `_fetch_wanted`), then fetch what orphans from it and pending operations still miss."""
+        peer, by `self.fetcher`), then fetch what orphans from it and pending operations still miss."""
         peer.sync_state, peer.in_flight = "syncing", peer.in_flight + 1
         try:
             head = await verify_head(self.host, peer.id, self.states)
@@ -573,7 +556,7 @@ class P2PNode:
                 await self.index.follow(view, self.ledger.read)
                 found = await differences(self.host, peer.id, self.index)
                 self.counters.sync_rounds += 1
-                peer.missing = self._want(found, peer.id, view)
+                peer.missing = self.fetcher.want(found, peer.id, view)
                 peer.settled_size = -1 if peer.missing else head.size
                 if peer.missing:
                     log.info("reconciled with %s: %d operations missing here", peer.id, peer.missing)
@@ -603,147 +586,6 @@ class P2PNode:
             peer.speaks_sync = exc.code != "sync.unsupported"
         finally:
             peer.in_flight -= 1
-
-    def _want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
-        """Record which of `found` (listed by `peer`) this node lacks; how many."""
-        lacking = [(clock, cid) for clock, cid in found if cid not in self._queued and not view.has(CID(cid))]
-        # more than a window missing is a catch-up, not gossip in flight: no grace
-        now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
-        for clock, cid in lacking:
-            want = self._wanted.get(cid)
-            if want is None:
-                want = self._wanted[cid] = Want(clock, now)
-                heapq.heappush(self._fetch_order, (clock, cid))
-            want.peers.add(peer)
-        if lacking:
-            self._wanted_changed.set()
-        return len(lacking)
-
-    async def _fetch_wanted(self) -> None:
-        """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
-        the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, then queued
-        for ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan).
-        An operation waits FETCH_GRACE after it was found, since gossip usually delivers it meanwhile."""
-        turn = trio.Event()  # set once the previous chunk is in the ingest queue: chunks queue in clock order
-        turn.set()
-        async with trio.open_nursery() as ingesting:
-            while True:
-                if not self._wanted:
-                    self._fetch_order.clear()  # what is left there is stale
-                    await self._wanted_changed.wait()
-                    self._wanted_changed = trio.Event()
-                    continue
-                window = self._window()
-                if not window:
-                    await trio.sleep(FETCH_GRACE / 4)
-                    continue
-                chunks = self._assign(window)
-                results: list[list[bytes]] = [[] for _ in chunks]
-                async with trio.open_nursery() as fetching:
-                    for number, (peer_id, cids) in enumerate(chunks):
-                        fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
-                for (peer_id, cids), blocks in zip(chunks, results, strict=True):
-                    self._settle(peer_id, cids, blocks)
-                    peer = self.peer(peer_id)
-                    source = Source("sync", str(peer_id))
-                    ready, present = self._admit(blocks, source)
-                    await self._ingest_slots.acquire()
-                    self._fetched_queued += len(ready)
-                    queued = trio.Event()
-                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
-                    turn = queued
-
-    def _window(self) -> list[bytes]:
-        """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
-        or no connected peer has them: a later round finds them again) and holding back those found less than
-        FETCH_GRACE ago. O(window log wanted), so a catch-up of a million operations stays linear."""
-        ripe, connected, view = time.monotonic() - FETCH_GRACE, set(self.host.get_connected_peers()), self.ledger.view()
-        window: dict[bytes, None] = {}  # in order, without repeats
-        held_back: list[tuple[int, bytes]] = []
-        while self._fetch_order and len(window) < FETCH_WINDOW:
-            clock, cid = heapq.heappop(self._fetch_order)
-            want = self._wanted.get(cid)
-            if want is None or want.in_flight or cid in window:  # stale, or pushed twice
-                continue
-            want.peers &= connected
-            if not want.peers or cid in self._queued or view.has(CID(cid)):
-                del self._wanted[cid]
-            elif want.since > ripe:
-                held_back.append((clock, cid))
-            else:
-                window[cid] = None
-        for item in held_back:
-            heapq.heappush(self._fetch_order, item)
-        return list(window)
-
-    def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
-        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
-        load: Counter[ID] = Counter()
-        chunks: list[tuple[ID, list[bytes]]] = []
-        for cid in window:
-            want = self._wanted[cid]
-            want.in_flight = True
-            if chunks and chunks[-1][0] in want.peers and len(chunks[-1][1]) < MAX_BLOCKS:
-                chunks[-1][1].append(cid)
-                load[chunks[-1][0]] += 1
-                continue
-            chosen = min(sorted(want.peers, key=str), key=lambda peer_id: load[peer_id])
-            chunks.append((chosen, [cid]))
-            load[chosen] += 1
-        return chunks
-
-    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
-        peer = self.peer(peer_id)
-        try:
-            results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
-        except Misbehaviour as exc:
-            await self._penalise(peer, PENALTY_MISBEHAVIOUR, f"sync: {exc}")
-        except (SyncError, LedgerError) as exc:
-            log.info("fetching %d operations from %s failed: %s", len(cids), peer_id, exc)
-        except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
-            log.exception("fetching %d operations from %s failed", len(cids), peer_id)
-
-    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
-        """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
-        arrived = {CID.for_block(data).raw for data in blocks}
-        view = self.ledger.view()
-        self.counters.sync_fetched += len(blocks)
-        self.counters.sync_bytes_received += sum(len(data) for data in blocks)
-        self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
-        self.peer(peer_id).fetched += len(blocks)
-        for cid in cids:
-            want = self._wanted.get(cid)
-            if want is None:
-                continue
-            if cid in arrived:
-                del self._wanted[cid]
-            else:
-                want.in_flight = False
-                want.peers.discard(peer_id)
-                heapq.heappush(self._fetch_order, (want.clock, cid))
-
-    async def _ingest_fetched(
-        self,
-        ready: list[bytes],
-        present: set[bytes],
-        source: Source,
-        peer: Peer,
-        turn: trio.Event,
-        queued: trio.Event,
-    ) -> None:
-        """Queue a fetched chunk for ingest after the chunk before it (`turn`), so no operation reaches the ledger
-        before its dependencies: one that did would wait there as pending, and while any operation is pending every
-        operation applied costs a scan for its waiters (measured: 41% of a 10,000-operation catch-up's ingest)."""
-        try:
-            await turn.wait()
-            if await self._submit(ready, present, source, peer, wait=True, lane="sync", queued=queued):
-                await self._penalise(peer, PENALTY_MISBEHAVIOUR, "sync: it served operations ingest rejected")
-        except Exception:  # one chunk must not end the node; what it held is found missing again by the next round
-            log.exception("ingesting %d operations fetched from %s failed", len(ready), peer.id)
-        finally:
-            queued.set()
-            self._fetched_queued -= len(ready)
-            self._ingest_slots.release()
 
     # --- peers -----------------------------------------------------------------------------------------
 
