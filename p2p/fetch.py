@@ -21,6 +21,7 @@ from libp2p.peer.id import ID
 from ledger.cid import CID
 from ledger.errors import LedgerError
 from ledger.ingest import Source
+from ledger.ops import Block
 from ledger.view import LedgerView
 from p2p.peers import PENALTY_MISBEHAVIOUR, Peer
 from p2p.sync import MAX_BLOCKS, Misbehaviour, SyncError, fetch_blocks
@@ -34,8 +35,8 @@ FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fe
 FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
 INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
 
-#: `admit(ops, source)`: (what goes to the ingest queue now, which of those are decodable operations)
-Admit = Callable[[list[bytes], Source], tuple[list[bytes], set[bytes]]]
+#: `admit(ops, source)`: (what goes to the ingest queue now, decoded where it decodes; which of those are operations)
+Admit = Callable[[list[bytes], Source], tuple[list[bytes | Block], set[bytes]]]
 #: `submit(ready, present, source, peer, wait=, lane=, queued=)`: into the ingest queue; how many the ledger rejected
 Submit = Callable[..., Awaitable[int]]
 #: `penalise(peer, points, why)`
@@ -215,7 +216,7 @@ class Fetcher:
 
     async def _ingest_fetched(
         self,
-        ready: list[bytes],
+        ready: list[bytes | Block],
         present: set[bytes],
         source: Source,
         peer: Peer,

@@ -9,7 +9,7 @@ import threading
 from ledger.cid import CID
 from ledger.ingest import Source, Submission, Verdict
 from ledger.merkle import root_of_leaf_hashes
-from ledger.ops import Kind
+from ledger.ops import Kind, decode_block
 from ledger.proofs import verify_inclusion
 from ledger.records import Outcome
 from ledger.stateroot import StateRoot
@@ -237,3 +237,24 @@ def test_a_batch_stores_parents_first_and_a_child_without_its_parent_waits_as_pe
     assert set(released) == {child.cid, other.cid} and ordered.pending_count() == 0
     ordered.close()
     mixed.close()
+
+
+def test_a_submission_decoded_by_the_network_gets_every_check_but_the_decode(tmp_path):
+    """p2p decodes what it receives (to see dependencies) and hands the Blocks over: each is checked as its bytes
+    would be, a broken signature and a broken rule included, and the verdicts are the same."""
+    good = f.add()
+    forged = bytearray(f.add(TEXT_B).data)
+    forged[-1] ^= 1
+    rule = f.add("Always check your work carefully before answering.")  # no context clause
+    items = [good.data, bytes(forged), rule.data]
+    peer = Source("sync", "12D3KooWPeer")
+    first, second = open_ledger(tmp_path / "bytes"), open_ledger(tmp_path / "blocks")
+    as_bytes = first.ingest([Submission(data, peer) for data in items])
+    as_blocks = second.ingest([Submission.of(decode_block(data), peer) for data in items])
+    first.close()
+    second.close()
+    verdicts = [(r.verdict, r.code) for r in as_bytes]
+    assert verdicts == [(r.verdict, r.code) for r in as_blocks]
+    assert {r.source for r in as_bytes + as_blocks} == {peer}
+    rejected = Verdict.REJECTED
+    assert verdicts == [(Verdict.ACCEPTED, None), (rejected, "signature.invalid"), (rejected, "text.structure")]

@@ -32,6 +32,7 @@ from ledger.ingest import Source, Submission, Verdict
 from ledger.keys import AuthorKey
 from ledger.ledger import NODE_KEY, Ledger
 from ledger.merkle import TreeHead
+from ledger.ops import Block
 from ledger.proofs import verify_consistency
 from p2p.gossip import build_pubsub, drop_copies_in_validation, set_validator, topic_for
 from p2p.host import build_host, connect, full_addrs, key_pair
@@ -535,7 +536,7 @@ class LedgerPortOverLedger:
 
     async def ingest(
         self,
-        ops: list[bytes],
+        ops: list[bytes | Block],
         source: Source,
         *,
         wait: bool,
@@ -548,7 +549,7 @@ class LedgerPortOverLedger:
             if queued is not None:
                 queued.set()
         try:
-            submissions = [Submission(op, source) for op in ops]
+            submissions = [Submission.of(op, source) for op in ops]
             return await trio.to_thread.run_sync(partial(self.ledger.ingest, submissions, released=self.released))
         finally:
             self.writer.release()
