@@ -284,7 +284,9 @@ class Node:
     def _ingest_sync(self, submissions: list[Submission]) -> tuple[list[Receipt], list[dict[str, Any]]]:
         """On the writer thread: ingest, then describe what the batch applied beyond its own submissions."""
         released: list[CID] = []
+        waited = self.ledger.waited
         receipts = self.ledger.ingest(submissions, released=released)
+        self.metrics.waited.inc(self.ledger.waited - waited)
         view = self.ledger.view()
         events = []
         for cid in released:
