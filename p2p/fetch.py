@@ -113,8 +113,10 @@ class Fetcher:
 
     async def run(self) -> None:
         """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
-        the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, then queued
-        for ingest in clock order (so every dependency is stored or on its way: nothing waits as an orphan).
+        the lowest clocks first, split into clock-contiguous chunks over the peers, fetched at once, each queued
+        for ingest in clock order as soon as it and the chunks before it arrived (so every dependency is stored or
+        on its way: nothing waits as an orphan, and the writer starts on a window's first chunk while the rest
+        come: waiting for the whole window left it idle ~2 s at the start of a 10,000-operation catch-up).
         An operation waits FETCH_GRACE after it was found, since gossip usually delivers it meanwhile."""
         turn = trio.Event()  # set once the previous chunk is in the ingest queue: chunks queue in clock order
         turn.set()
@@ -131,19 +133,22 @@ class Fetcher:
                     continue
                 chunks = self._assign(window)
                 results: list[list[bytes]] = [[] for _ in chunks]
+                arrived = [trio.Event() for _ in chunks]
                 async with trio.open_nursery() as fetching:
                     for number, (peer_id, cids) in enumerate(chunks):
-                        fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number)
-                for (peer_id, cids), blocks in zip(chunks, results, strict=True):
-                    self._settle(peer_id, cids, blocks)
-                    peer = self._peer(peer_id)
-                    source = Source("sync", str(peer_id))
-                    ready, present = self._admit(blocks, source)
-                    await self._ingest_slots.acquire()
-                    self.fetched_queued += len(ready)
-                    queued = trio.Event()
-                    ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
-                    turn = queued
+                        fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number, arrived[number])
+                    for number, (peer_id, cids) in enumerate(chunks):
+                        await arrived[number].wait()
+                        blocks = results[number]
+                        self._settle(peer_id, cids, blocks)
+                        peer = self._peer(peer_id)
+                        source = Source("sync", str(peer_id))
+                        ready, present = self._admit(blocks, source)
+                        await self._ingest_slots.acquire()
+                        self.fetched_queued += len(ready)
+                        queued = trio.Event()
+                        ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
+                        turn = queued
 
     def _window(self) -> list[bytes]:
         """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived,
@@ -184,7 +189,10 @@ class Fetcher:
             load[chosen] += 1
         return chunks
 
-    async def _fetch_chunk(self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int) -> None:
+    async def _fetch_chunk(
+        self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int, arrived: trio.Event
+    ) -> None:
+        """Fetch one chunk into `results[number]` (left empty if the fetch failed); `arrived` is set either way."""
         peer = self._peer(peer_id)
         try:
             results[number] = await fetch_blocks(self.host, peer_id, [CID(raw) for raw in cids])
@@ -194,6 +202,8 @@ class Fetcher:
             log.info("fetching %d operations from %s failed: %s", len(cids), peer_id, exc)
         except Exception:  # a bug in one exchange must not end the node; another peer or round gets them
             log.exception("fetching %d operations from %s failed", len(cids), peer_id)
+        finally:
+            arrived.set()
 
     def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
         """Forget what arrived; what the peer did not send is asked of another peer that listed it."""
