@@ -97,14 +97,20 @@ class Fetcher:
             del self.wanted[cid]
 
     def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
-        """Record which of `found` (listed by `peer`) this node lacks; how many."""
-        lacking = [(clock, cid) for clock, cid in found if cid not in self._queued and not view.has(CID(cid))]
+        """Record which of `found` (listed by `peer`) this node lacks; how many. One already wanted is lacking
+        without a look at the store (a catch-up from several peers hears of each missing operation from each)."""
+        wanted = self.wanted
+        lacking = [
+            (clock, cid)
+            for clock, cid in found
+            if cid in wanted or (cid not in self._queued and not view.has(CID(cid)))
+        ]
         # more than a window missing is a catch-up, not gossip in flight: no grace
         now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
         for clock, cid in lacking:
-            want = self.wanted.get(cid)
+            want = wanted.get(cid)
             if want is None:
-                want = self.wanted[cid] = Want(clock, now)
+                want = wanted[cid] = Want(clock, now)
                 heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
         if lacking:
