@@ -88,7 +88,7 @@ class Submission:
     source: Source = LOCAL
     claimed: CID | None = None  # the CID the sender says the bytes have
     #: `data` as `decode_block` made it in this process (p2p decodes what it receives to see its dependencies):
-    #: triage checks it without decoding the bytes again (~55 us of ~80 per operation on the writer)
+    #: triage checks it without decoding the bytes again (9 us instead of 83 per operation of the bench workload)
     decoded: Block | None = None
 
     @classmethod

@@ -100,8 +100,8 @@ class Ledger:
         self._write_lock = threading.Lock()
         #: operations taken back and folded again because a late one sorted before them, since start-up
         self.refolded = 0
-        #: operations stored pending (a dependency not applied yet, if only earlier in their batch) since start-up:
-        #: an honest source sends parents first, so this stays 0 (sync once sent chunks in CID order: 9,955 of 10,000)
+        #: operations stored pending (a dependency not applied yet) since start-up: sync queues parents first, so a
+        #: catch-up leaves it at 0 (when fetched chunks came in CID order, 9,955 of 10,000 waited)
         self.waited = 0
         # Invariant: _state and _snapshot describe the last committed batch; both are replaced, never
         # changed, and only by the writer after a commit (views read _snapshot from any thread).
