@@ -10,7 +10,8 @@ Figures, each against a baseline measured in the same run:
                (each its own node) run as daemons and a fresh node B, bootstrapped to all of them, catches up
                by sync: B's ops/s from when it is ready (and from its process start) until it holds all N, as
                a ratio to the local ingest rate (target >= 0.8); what B fetched (each operation once?) and
-               from which peer.
+               from which peer; B's ingest batches (their size, and their time against the catch-up's) and how
+               many operations B stored pending (each costs a scan for its waiters once its dependency applies).
   propagation  K daemons in a line (each bootstraps to the one before; separate processes). Operations are
                added through the RPC of nodes picked at random, at R per second for S seconds; every node's
                /events stream reports when each operation is applied there. Latency = applied on the last
@@ -159,6 +160,7 @@ def bench_catch_up(count: int, peers: int) -> None:
             took = time.perf_counter() - started
             same = servers[0].call("state_root") == b.call("state_root")
             sync = b.call("status")["p2p"]["sync"]
+            metrics = b.http.get(b.url + "metrics").text
             table = {p["peer_id"]: p["sync"]["fetched"] for p in b.call("peers")["peers"]}
             shares = sorted((table.get(peer_id(server), 0) for server in servers), reverse=True)
     rate, synced = count / took, count / (took - (ready - started))
@@ -173,6 +175,19 @@ def bench_catch_up(count: int, peers: int) -> None:
         f"({rate / local:.2f}) | {sync['fetched']:,} ({sync['duplicates']}) | "
         f"{', '.join(f'{share:,}' for share in shares)} | {same} |"
     )
+    batches = metric(metrics, "expledger_ingest_batch_seconds_count")
+    size = metric(metrics, "expledger_ingest_batch_operations_sum") / batches
+    waited = metric(metrics, "expledger_operations_waited_total")
+    print(
+        f"\nB's writer: {batches:,.0f} ingest batches of {size:,.0f} operations on average (A's: {BATCH:,}), "
+        f"{metric(metrics, 'expledger_ingest_batch_seconds_sum'):.1f} s in all of the {took - (ready - started):.1f} s "
+        f"from ready; {waited:,.0f} operations stored pending (a dependency not applied yet)"
+    )
+
+
+def metric(text: str, name: str) -> float:
+    """One unlabelled sample of a Prometheus text exposition."""
+    return next(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
 
 
 def peer_id(node: Daemon) -> str:

@@ -573,6 +573,12 @@ class Snapshot:
         self._snapshot = snapshot
 
     def get(self, key: bytes) -> bytes | None:
+        # the store's filter of stored keys has every committed key's bits set (before its write), so "absent" holds
+        # for any snapshot: sync's checks of what is stored (most keys absent during a catch-up, several per
+        # operation on the event loop) skip LevelDB as the writer's gets do
+        keys = self._store.key_filter
+        if keys is not None and not keys.may_hold(key):
+            return None
         try:
             return self._snapshot.get(key, verify_checksums=True)
         except plyvel.Error as exc:

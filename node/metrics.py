@@ -43,6 +43,11 @@ class NodeMetrics:
         )
         self.log_size = Gauge("expledger_log_size", "Operations in this node's log", registry=r)
         self.pending = Gauge("expledger_pending_operations", "Operations waiting for dependencies", registry=r)
+        self.waited = Counter(
+            "expledger_operations_waited",
+            "Operations stored pending because a dependency was not applied yet (later in their batch included)",
+            registry=r,
+        )
         self.live_experiences = Gauge("expledger_live_experiences", "Live experiences in the library", registry=r)
         self.rpc_calls = Counter(
             "expledger_rpc_calls", "JSON-RPC calls by method and outcome", ["method", "outcome"], registry=r

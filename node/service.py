@@ -188,18 +188,19 @@ class Node:
 
     async def ingest(
         self,
-        ops: list[bytes],
+        ops: Sequence[bytes | Block],
         source: Source,
         *,
         wait: bool,
         lane: str | None = None,
         queued: trio.Event | None = None,
     ) -> list[Receipt] | None:
-        """Queue operations from the network and wait until they are durable; their receipts. With `wait`
-        False (gossip) a lane without room for all of them refuses them all at once: None, nothing queued.
-        `lane` defaults to the source's (gossip queues by origin: a flood forwarded by an honest peer is still
-        the flood's). `queued` is set once they are all in the queue (or refused)."""
-        waiting = [_Waiting(Submission(data, source)) for data in ops]
+        """Queue operations from the network (bytes, or Blocks the network decoded from them) and wait until they
+        are durable; their receipts. With `wait` False (gossip) a lane without room for all of them refuses them
+        all at once: None, nothing queued. `lane` defaults to the source's (gossip queues by origin: a flood
+        forwarded by an honest peer is still the flood's). `queued` is set once they are all in the queue (or
+        refused)."""
+        waiting = [_Waiting(Submission.of(item, source)) for item in ops]
         lane = lane or _lane(source)
         try:
             if not wait:
@@ -283,7 +284,9 @@ class Node:
     def _ingest_sync(self, submissions: list[Submission]) -> tuple[list[Receipt], list[dict[str, Any]]]:
         """On the writer thread: ingest, then describe what the batch applied beyond its own submissions."""
         released: list[CID] = []
+        waited = self.ledger.waited
         receipts = self.ledger.ingest(submissions, released=released)
+        self.metrics.waited.inc(self.ledger.waited - waited)
         view = self.ledger.view()
         events = []
         for cid in released:

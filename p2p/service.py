@@ -31,7 +31,7 @@ from multiaddr import Multiaddr
 from ledger.cid import CID
 from ledger.errors import LedgerError
 from ledger.ingest import Receipt, Source, Verdict
-from ledger.ops import Operation, decode_block
+from ledger.ops import Block, decode_block
 from ledger.params import NetworkParams
 from ledger.validation import examine
 from ledger.view import LedgerView
@@ -95,7 +95,7 @@ class LedgerPort(Protocol):
 
     async def ingest(
         self,
-        ops: list[bytes],
+        ops: Sequence[bytes | Block],
         source: Source,
         *,
         wait: bool,
@@ -103,7 +103,8 @@ class LedgerPort(Protocol):
         queued: trio.Event | None = None,
     ) -> list[Receipt] | None:
         """Receipts once durable; None when the lane is full and `wait` is False (nothing was queued). `queued` is
-        set once `ops` are in the queue (or refused), before they are durable."""
+        set once `ops` are in the queue (or refused), before they are durable. A Block is an operation decoded
+        here from its bytes: the ledger checks it without decoding it again."""
         ...
 
 
@@ -450,16 +451,17 @@ class P2PNode:
         ready, present = self._admit(ops, source)
         return await self._submit(ready, present, source, peer, wait=wait, lane=lane)
 
-    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes], set[bytes]]:
-        """The first half of `_deliver`, with no await: what goes to the ledger now (and which of those are
-        decodable operations, now counted as on their way), the rest into the orphan pool."""
+    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes | Block], set[bytes]]:
+        """The first half of `_deliver`, with no await: what goes to the ledger now (decoded, as Blocks, but for
+        bytes that do not decode; which are operations, now counted as on their way), the rest into the orphan
+        pool."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
             return cid in self._queued or view.has(CID(cid))
 
-        ready: list[bytes] = []
-        candidates: dict[bytes, tuple[bytes, Operation]] = {}
+        ready: list[bytes | Block] = []
+        candidates: dict[bytes, Block] = {}
         for data in ops:
             cid = CID.for_block(data).raw
             if cid in candidates or here(cid):
@@ -467,16 +469,16 @@ class P2PNode:
             # an orphan that arrives again is checked afresh: its dependencies may have come with it
             self.orphans.take(cid)
             try:
-                candidates[cid] = (data, decode_block(data).op)
+                candidates[cid] = decode_block(data)
             except LedgerError:
                 ready.append(data)  # the ledger rejects it with the precise error, and the sender is blamed
         missing = {
-            cid: {d.raw for d in op.dependencies if d.raw not in candidates and not here(d.raw)}
-            for cid, (_, op) in candidates.items()
+            cid: {d.raw for d in block.op.dependencies if d.raw not in candidates and not here(d.raw)}
+            for cid, block in candidates.items()
         }
         needed_by: dict[bytes, list[bytes]] = {}
-        for cid, (_, op) in candidates.items():
-            for dependency in op.dependencies:
+        for cid, block in candidates.items():
+            for dependency in block.op.dependencies:
                 if dependency.raw in candidates:
                     needed_by.setdefault(dependency.raw, []).append(cid)
         waiting = [cid for cid, gone in missing.items() if gone]
@@ -488,19 +490,19 @@ class P2PNode:
                     waiting.append(child)
         now = time.monotonic()
         present: set[bytes] = set()
-        for cid, (data, op) in candidates.items():
+        for cid, block in candidates.items():
             if cid in orphaned:
-                absent = missing[cid] | {d.raw for d in op.dependencies if d.raw in orphaned}
-                self.orphans.add(Orphan(cid, data, absent, op.author, source.name, source.kind, now))
+                absent = missing[cid] | {d.raw for d in block.op.dependencies if d.raw in orphaned}
+                self.orphans.add(Orphan(cid, block.data, absent, block.op.author, source.name, source.kind, now))
             else:
-                ready.append(data)
+                ready.append(block)
                 present.add(cid)
         self._queued.update(present)
         return ready, present
 
     async def _submit(
         self,
-        ready: list[bytes],
+        ready: list[bytes | Block],
         present: set[bytes],
         source: Source,
         peer: Peer | None,

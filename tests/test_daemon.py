@@ -336,6 +336,7 @@ def test_metrics_count_operations_requests_and_batches(node):
     live = status["live_experiences"]
     assert live >= 1 and status["index"]["indexed"] == live
     assert f"expledger_live_experiences {float(live)}" in text and "expledger_pending_operations 0.0" in text
+    assert "expledger_operations_waited_total 0.0" in text  # built on the heads: nothing waited
     assert f"expledger_log_size {float(node.call('status')['log_size'])}" in text
     before = _metric(text, "expledger_retrieval_seconds_count")
     node.call("retrieve", {"query": "bounding sums"})

@@ -9,7 +9,7 @@ import threading
 from ledger.cid import CID
 from ledger.ingest import Source, Submission, Verdict
 from ledger.merkle import root_of_leaf_hashes
-from ledger.ops import Kind
+from ledger.ops import Kind, decode_block
 from ledger.proofs import verify_inclusion
 from ledger.records import Outcome
 from ledger.stateroot import StateRoot
@@ -208,3 +208,53 @@ def test_the_pending_count_follows_dependencies_across_restarts(tmp_path):
     ledger.submit(add.data)
     assert ledger.pending_count() == 0 == len(ledger.view().pending())
     ledger.close()
+
+
+def test_a_batch_stores_parents_first_and_a_child_without_its_parent_waits_as_pending(tmp_path):
+    """Within a batch each operation is stored after its dependencies, whatever the order they came in (one stored
+    ahead of a parent waited as pending, and so did all that descends from it); across batches a child without its
+    parent waits, counted in `waited`, does not keep later operations from applying, and applies when it comes."""
+    blocks = random_history(random.Random(8), 120)  # some clocks are too low: clock order is not causal order
+    shuffled = [block.data for block in blocks]
+    random.Random(9).shuffle(shuffled)
+    ordered, mixed = open_ledger(tmp_path / "ordered"), open_ledger(tmp_path / "mixed")
+    ordered.ingest([block.data for block in blocks])
+    mixed.ingest(shuffled)
+    assert (ordered.waited, mixed.waited) == (0, 0)
+    assert mixed.view().state_root() == ordered.view().state_root()
+    positions = {cid: index for index, cid in enumerate(mixed.view().logged_cids(0, len(blocks)))}
+    assert all(positions[dep.raw] < positions[block.cid.raw] for block in blocks for dep in block.op.dependencies)
+
+    late = f.add(TEXT_B)
+    child = f.signed(f.operation(Kind.VOTE, clock=2, parents=(late.cid,), target=late.cid, vote=1), f.author(3))
+    ordered.ingest([child.data])
+    other = f.signed(f.operation(Kind.VOTE, clock=99, parents=(blocks[-1].cid,), target=late.cid, vote=-1))
+    assert ordered.submit(other.data).outcome == "pending" and ordered.waited == 2
+    independent = f.add("When the parent is late, apply what does not wait for it.")
+    assert ordered.submit(independent.data).outcome == "applied"
+    released: list[CID] = []
+    ordered.ingest([late.data], released=released)
+    assert set(released) == {child.cid, other.cid} and ordered.pending_count() == 0
+    ordered.close()
+    mixed.close()
+
+
+def test_a_submission_decoded_by_the_network_gets_every_check_but_the_decode(tmp_path):
+    """p2p decodes what it receives (to see dependencies) and hands the Blocks over: each is checked as its bytes
+    would be, a broken signature and a broken rule included, and the verdicts are the same."""
+    good = f.add()
+    forged = bytearray(f.add(TEXT_B).data)
+    forged[-1] ^= 1
+    rule = f.add("Always check your work carefully before answering.")  # no context clause
+    items = [good.data, bytes(forged), rule.data]
+    peer = Source("sync", "12D3KooWPeer")
+    first, second = open_ledger(tmp_path / "bytes"), open_ledger(tmp_path / "blocks")
+    as_bytes = first.ingest([Submission(data, peer) for data in items])
+    as_blocks = second.ingest([Submission.of(decode_block(data), peer) for data in items])
+    first.close()
+    second.close()
+    verdicts = [(r.verdict, r.code) for r in as_bytes]
+    assert verdicts == [(r.verdict, r.code) for r in as_blocks]
+    assert {r.source for r in as_bytes + as_blocks} == {peer}
+    rejected = Verdict.REJECTED
+    assert verdicts == [(Verdict.ACCEPTED, None), (rejected, "signature.invalid"), (rejected, "text.structure")]
