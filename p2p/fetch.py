@@ -17,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 from libp2p.abc import IHost
@@ -28,11 +27,9 @@ from ledger.errors import LedgerError
 from ledger.ingest import Source
 from ledger.ops import Block
 from ledger.view import LedgerView
+from p2p.counters import Counters
 from p2p.peers import PENALTY_MISBEHAVIOUR, Peer
 from p2p.sync import MAX_BLOCKS, Misbehaviour, SyncError, fetch_blocks
-
-if TYPE_CHECKING:
-    from p2p.service import Counters
 
 log = logging.getLogger(__name__)
 

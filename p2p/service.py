@@ -17,7 +17,6 @@ import time
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
@@ -36,6 +35,7 @@ from ledger.params import NetworkParams
 from ledger.validation import examine
 from ledger.view import LedgerView
 from p2p import gossip
+from p2p.counters import Counters
 from p2p.discovery import TARGET_PEERS, Discovery
 from p2p.fetch import Fetcher
 from p2p.gossip import GossipBatch, GossipError, Outbox
@@ -106,24 +106,6 @@ class LedgerPort(Protocol):
         set once `ops` are in the queue (or refused), before they are durable. A Block is an operation decoded
         here from its bytes: the ledger checks it without decoding it again."""
         ...
-
-
-@dataclass
-class Counters:
-    gossip_received: int = 0
-    gossip_operations_received: int = 0  # operations in the messages received (duplicates of stored ones included)
-    gossip_bytes_received: int = 0
-    gossip_rejected: int = 0
-    gossip_dropped: int = 0  # our queue or the node's ingest queue was full
-    gossip_throttled: int = 0  # its origin had used up its allowance of operations
-    gossip_sent: int = 0
-    operations_gossiped: int = 0
-    sync_rounds: int = 0  # reconciliations completed
-    sync_fetched: int = 0  # operations received by sync (each missing one is fetched from one peer)
-    sync_duplicates: int = 0  # of those, ones this node held or had queued by the time they arrived
-    sync_bytes_received: int = 0  # of the operations fetched
-    sync_served: int = 0
-    forks: int = 0
 
 
 def route_library_logs(level: int = logging.ERROR) -> None:
