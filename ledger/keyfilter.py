@@ -142,7 +142,9 @@ class KeyFilter:
         self._built: np.ndarray | None = None  # handed over by the rebuild thread
         self._builder: threading.Thread | None = None
         self._stop = threading.Event()
-        self._count = 0  # keys the bits cover (about: a key written twice, or during a rebuild, may count twice)
+        # keys the bits cover (about: a key written twice, or during a rebuild, may count twice); while the exact set
+        # stands its size is the count, added here when the bits take it over
+        self._count = 0
         self._built_count = 0
         self._saved_stamp: Stamp | None = None  # the stamp of the file on disk, when it holds these bits
 
@@ -159,7 +161,7 @@ class KeyFilter:
         if len(first) < _BUILD_CHUNK:
             assert self._exact is not None
             self._exact.update(first)
-            self._ready, self._count = True, len(self._exact)
+            self._ready = True
             self._give_up_exact_keys_if_many()
             return why
         self._give_up_exact_keys()
@@ -193,7 +195,7 @@ class KeyFilter:
             return
         bits = _zeroed_bits()
         _set_all(bits, list(self._exact))
-        self._bits, self._bytes = bits, memoryview(bits)
+        self._bits, self._bytes, self._count = bits, memoryview(bits), self._count + len(self._exact)
         self._exact = None
 
     def _adopt(self) -> None:
@@ -229,7 +231,6 @@ class KeyFilter:
         if self._exact is not None:
             held = [key in self._exact for key in keys]
             self._exact.update(keys)
-            self._count = len(self._exact)
             self._give_up_exact_keys_if_many()
             return held if self._ready else [True] * len(keys)
         positions = _positions(keys)
@@ -246,7 +247,6 @@ class KeyFilter:
             return
         if self._exact is not None:
             self._exact.add(key)
-            self._count = len(self._exact)
             self._give_up_exact_keys_if_many()
             return
         bits, new = self._bytes, False
