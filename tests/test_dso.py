@@ -27,7 +27,7 @@ from node.dso.extract import CONSOLIDATE_OPTIONS, CRITIQUE_OPTIONS
 from node.dso.grading import default_grader, final_answer, load_grader
 from node.dso.llm import LlmClient, LlmError, LlmOutputError, LlmSettings
 from node.dso.parsing import Rejected, ShortIds, check_proposal, json_value, operation_items
-from tests.daemons import EXPLEDGER, Daemon, init_home, start
+from tests.daemons import EXPLEDGER, Daemon, expledger, init_home, start
 from tests.dso_fakes import Reply, fake_llm, stage
 
 SPEED = "When computing an average speed, divide total distance by total time."
@@ -272,6 +272,8 @@ def test_an_endpoint_that_is_down_is_one_clear_error(node: Daemon, tmp_path: Pat
             str(node.home),
             "--rollouts",
             str(rollouts_file(tmp_path / "r.jsonl", speed["cid"])),
+            "--max-retries",
+            "1",  # not [llm]'s 4, which would wait 7.5 s for the same answer
         ],
         capture_output=True,
         text=True,
@@ -280,8 +282,10 @@ def test_an_endpoint_that_is_down_is_one_clear_error(node: Daemon, tmp_path: Pat
     )
     assert result.returncode == 4
     error = result.stderr.strip().splitlines()[-1]
-    assert error.startswith("expledger: error: llm.unreachable: the LLM endpoint http://127.0.0.1:9/v1 failed 5 times")
+    assert error.startswith("expledger: error: llm.unreachable: the LLM endpoint http://127.0.0.1:9/v1 failed 2 times")
     assert "EXPLEDGER_LLM_BASE_URL" in error
+    refused = expledger("dso", "extract", "--home", str(node.home), "--rollouts", "r.jsonl", "--max-retries", "21")
+    assert refused.returncode == 2 and "--max-retries: must be from 0 to 20, got 21" in refused.stderr
 
 
 def test_an_answer_the_server_failed_on_or_cut_off_is_a_counted_rejection(spare_node: Daemon, tmp_path: Path) -> None:

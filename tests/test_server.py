@@ -109,8 +109,12 @@ class Reader:
         return int(status_line.split()[1]), headers, body
 
     async def closed(self) -> bool:
-        """True once the server has closed the connection (having sent nothing more)."""
-        return not await self._fill() and not self.buffer
+        """True once the server has closed the connection (having sent nothing more); the client then closes its
+        end, as a client told `connection: close` does, which ends the server's lingering drain of it."""
+        closed = not await self._fill() and not self.buffer
+        if closed:
+            await self.stream.aclose()
+        return closed
 
 
 async def exchange(node: Node, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -190,8 +194,10 @@ def test_a_chunked_body_is_refused_once_it_passes_the_limit():
             await stream.send_all(b"POST / HTTP/1.1\r\nHost: x\r\n" + AUTH + b"Transfer-Encoding: chunked\r\n\r\n")
             await stream.send_all(b"%x\r\n%s\r\n" % (LIMIT // 2, b" " * (LIMIT // 2)))
             await stream.send_all(b"%x\r\n%s\r\n" % (LIMIT, b" " * LIMIT))
-            status, headers, _ = await Reader(stream).answer()
+            reader = Reader(stream)
+            status, headers, _ = await reader.answer()
             assert (status, headers["connection"], node.refused) == (413, "close", ["too_large"])
+            assert await reader.closed()
 
     trio.run(main)
 

@@ -31,6 +31,11 @@ def add_commands(commands: argparse._SubParsersAction, common: argparse.Argument
     shared.add_argument("--key", type=Path, help="author key that signs the operations (default: the home's)")
     shared.add_argument("--base-url", help="the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8080/v1")
     shared.add_argument("--model", help="the model that extracts (default: [llm] model, else the server's first)")
+    shared.add_argument(
+        "--max-retries",
+        type=int,
+        help="retries of a call that timed out, could not connect or got a 429 or 5xx (default: [llm] max_retries)",
+    )
     shared.add_argument("-k", type=int, default=5, help="experiences retrieved per problem (default 5)")
     shared.add_argument(
         "--max-tokens",
@@ -88,17 +93,19 @@ def _positive(value: int | None, flag: str) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from ledger.embedder import embedder_for
-    from node.dso.extract import Extractor, Limits, dry_run_lines, read_rollouts, submit
+    from node.dso.extract import Extractor, Limits, RolloutsError, dry_run_lines, read_rollouts, submit
     from node.dso.llm import LlmClient, LlmSettings
     from node.dso.nodelink import NodeLink
 
     for value, flag in ((args.k, "-k"), (args.max_tokens, "--max-tokens")):
         _positive(value, flag)
+    if args.max_retries is not None and not 0 <= args.max_retries <= 20:
+        raise RolloutsError("args.invalid", f"--max-retries: must be from 0 to 20, got {args.max_retries}")
     home = Home(args.home)
     config, params = home.config(), home.network()
     key = AuthorKey.load(args.key) if args.key else home.author_key()
     node = NodeLink(client.Client(home))
-    settings = LlmSettings.resolve(config.llm, base_url=args.base_url, model=args.model)
+    settings = LlmSettings.resolve(config.llm, base_url=args.base_url, model=args.model, max_retries=args.max_retries)
     llm = LlmClient(settings)
     embedder = embedder_for(params)
     extractor = Extractor(llm, node, key, params, embedder, k=args.k, limits=Limits.capped(args.max_tokens))
@@ -138,7 +145,11 @@ def _training(args: argparse.Namespace, home: Home, params: Any, node: Any, llm:
     grader = load_grader(args.grader)
     policy = llm
     if args.policy_model:
-        policy = LlmClient(LlmSettings.resolve(home.config().llm, base_url=args.base_url, model=args.policy_model))
+        policy = LlmClient(
+            LlmSettings.resolve(
+                home.config().llm, base_url=args.base_url, model=args.policy_model, max_retries=args.max_retries
+            )
+        )
     state_path = args.state or home.path / "dso-run.json"
     run_id = fingerprint(
         args.problems, group_size=args.group_size, batch_size=args.batch_size, grader=args.grader, k=args.k
