@@ -637,10 +637,23 @@ def _command_names(parser: argparse.ArgumentParser) -> set[str]:
     return {name for action in subcommands for name in action.choices}
 
 
+def _command_word(argv: list[str]) -> str | None:
+    """The word naming the command: the first past the top-level `--network FILE` (a flag such as --help, or None)."""
+    words = iter(argv)
+    for word in words:
+        if word == "--network":
+            next(words, None)
+        elif not word.startswith("--network="):
+            return word
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser, registered = build_parser(registered=False), {}
-    if not (argv[:1] and argv[0] in _command_names(parser)):  # --help, a flag first, or another package's command
+    # the parser is built again, with other packages' commands, only for --help or a command not the node's own
+    # (building one costs ~15 ms, most of it argparse's gettext lookups)
+    if _command_word(argv) not in _command_names(parser):
         registered = registered_commands()
         if argv[:1] and argv[0] in registered:
             return registered[argv[0]](argv[1:])

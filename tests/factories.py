@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import cache
 
 from ledger.cid import CID
 from ledger.embedder import HashingEmbedder, pack_float16
@@ -25,6 +26,7 @@ SEED_TEXTS = (
 )
 
 
+@cache  # making a key and its did:key costs ~0.3 ms, and the property tests sign thousands of operations
 def author(number: int) -> AuthorKey:
     return AuthorKey(bytes([number]) * 32)
 
