@@ -30,6 +30,7 @@ from ledger.errors import LedgerError
 from ledger.params import NetworkParams
 from node.client import Client, DaemonUnavailable, RpcFailed
 from node.config import LogConfig, check_value, load_config, render_config
+from node.detach import LOG_FILE
 from node.home import Home, process_alive
 
 DIR_ENV = "EXPLEDGER_DEVNET"
@@ -46,8 +47,6 @@ WAIT_TIMEOUT = 240.0
 POLL = 0.25
 PROGRESS_EVERY = 10.0  # seconds between "still waiting" lines
 MIN_PEERS = 6  # GossipSub's mesh degree: `up` waits until every node has this many peers, or all the others
-#: node.daemon.LOG_FILE, where a detached daemon logs (importing node.daemon loads libp2p: 0.5 s per command)
-LOG_FILE = "daemon.log"
 
 EXIT_STATE = 1  # the devnet is not in a state that allows the command (already running, not converging)
 EXIT_USAGE = 2  # bad arguments or unusable input: an unknown node, a port in use, a foreign directory

@@ -672,11 +672,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"args.{args.command}",
                 f"`{args.command}` comes first (expledger {args.command} …); it takes its own options",
             )
+        if args.command == "daemon" and args.detach:
+            from node.detach import detach
+
+            return detach(Home(args.home), args.log_level)
         if args.command == "daemon":
             from node import daemon  # the server stack loads only for the daemon
 
-            if args.detach:
-                return daemon.detach(Home(args.home), args.log_level)
             return daemon.run(Home(args.home), args.log_level)
         if args.command == "id":
             return cmd_id(args)

@@ -15,12 +15,9 @@ import logging
 import os
 import resource
 import secrets
-import select
 import signal
 import socket
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,6 +31,7 @@ from ledger.local_model import load_model
 from ledger.store import write_file_atomically
 from node import api, logs
 from node.config import Config
+from node.detach import EXIT_REFUSED
 from node.events import EventHub
 from node.home import Home, process_alive
 from node.httpserver import HttpServer
@@ -49,13 +47,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("expledger.daemon")
 
-EXIT_REFUSED = 2
 EXIT_FORCED = 1
 EXIT_HARD = 3
 EXIT_INTERRUPTED = 130
 HARD_EXIT_AFTER = 5.0  # seconds after the second signal, for code that ignores cancellation
-DETACH_TIMEOUT = 120.0  # seconds `--detach` waits for the background daemon to say it is ready
-LOG_FILE = "daemon.log"  # a detached daemon's stderr, in its home
 GRACEFUL_TIMEOUT = 10.0  # seconds requests in flight get to finish after the first signal
 # seconds an idle keep-alive connection stays open (Bitcoin Core's rpcservertimeout). Above the 5 s after which
 # clients such as httpx drop idle connections themselves: with equal timeouts the server closes a connection just
@@ -445,45 +440,3 @@ def run(home: Home, log_level: str | None = None) -> int:
         home.pid_file.unlink(missing_ok=True)
         log.info("stopped")
     return status
-
-
-def detach(home: Home, log_level: str | None = None) -> int:
-    """Start the daemon in the background (its own session, logs in HOME/daemon.log) and return once it is
-    ready, or with its error if it could not start: a script can use the node on the next line."""
-    home.require()
-    argv = [sys.executable, "-m", "node.cli", "daemon", "--home", str(home.path)]
-    if log_level:
-        argv += ["--log-level", log_level]
-    log_path = home.path / LOG_FILE
-    with open(log_path, "ab") as log_file:
-        child = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file, start_new_session=True
-        )
-    assert child.stdout is not None
-    deadline = time.monotonic() + DETACH_TIMEOUT
-    while (remaining := deadline - time.monotonic()) > 0:
-        if not select.select([child.stdout], [], [], remaining)[0]:
-            continue
-        line = child.stdout.readline().decode(errors="replace").strip()
-        if not line:  # it is exiting before it was ready
-            break
-        if line.startswith("expledger daemon ready"):  # the daemon's only line on stdout
-            child.stdout.close()
-            print(f"{line} (pid {child.pid}, logs in {log_path})")
-            return 0
-    # the pipe ends when the child's files close, before its exit is reported: tearing down a process this
-    # large takes a while (seconds under load), so wait for the exit rather than poll once
-    try:
-        status: int | None = child.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        status = None
-    if status is None:
-        child.terminate()
-        print(
-            f"expledger: error: the daemon did not get ready within {DETACH_TIMEOUT:.0f} s; see {log_path}",
-            file=sys.stderr,
-        )
-        return EXIT_REFUSED
-    errors = [line for line in log_path.read_text(errors="replace").splitlines() if "error" in line][-1:]
-    print(errors[0] if errors else f"expledger: error: the daemon exited ({status}); see {log_path}", file=sys.stderr)
-    return EXIT_REFUSED

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from devnet import network
 from devnet.cli import build_parser as devnet_parser
 from devnet.demo import build, load_library
 from devnet.network import port_free
@@ -482,12 +481,6 @@ def test_every_documented_command_parses():
         else:
             node_parser().parse_args(words)
     assert subcommands == {"up", "status", "logs", "stop", "start", "down", "join"}  # demo: scripts/demo.sh
-
-
-def test_the_devnet_reads_the_log_the_daemon_writes():
-    from node.daemon import LOG_FILE  # devnet keeps its own copy: importing the daemon loads libp2p
-
-    assert network.LOG_FILE == LOG_FILE
 
 
 def test_a_zombie_in_the_pid_file_does_not_block_a_start(tmp_path):
