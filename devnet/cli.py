@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from devnet import demo
 from devnet.network import (
     BASE_PORT_ENV,
     DEFAULT_NODES,
@@ -201,6 +200,8 @@ def cmd_demo(args: argparse.Namespace, path: Path) -> int:
 
 
 def _demo(devnet: Devnet) -> int:
+    from devnet import demo  # operations and the embedder (numpy) load only for the demo
+
     demo.run(devnet, say)
     say(f"\n== {demo.STEPS + 1}. the devnet's nodes now (`devnet status`)")
     print_status(devnet.status())

@@ -125,3 +125,16 @@ def test_a_detaching_start_loads_nothing_of_the_daemon_it_starts(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "config.type" in done.stderr and "[rpc] listen" in done.stderr, done.stderr  # the daemon's refusal
     assert done.stdout.splitlines()[-1] == "2 []"
+
+
+def test_a_devnet_command_loads_neither_numpy_nor_the_storage_stack(tmp_path):
+    """`expledger devnet status` and its like are client commands too: only `devnet demo` builds operations."""
+    script = (
+        "import sys, node.cli\n"
+        f"node.cli.main(['devnet', 'status', '--dir', {str(tmp_path / 'none')!r}])\n"
+        "heavy = {'numpy', 'plyvel', 'multiformats', 'ledger.ledger', 'node.daemon', 'trio', 'libp2p'}\n"
+        "print(sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "no devnet here" in done.stderr, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
