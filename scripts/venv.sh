@@ -1,6 +1,8 @@
 # Sourced by scripts/test.sh and scripts/demo.sh: make .venv (Python 3.11 or newer) if it is missing, and install
 # into it the locked dependencies (the versions and SHA-256 digests in LOCK_FILE, made by scripts/lock.sh: every
-# machine runs the same releases), then the project itself without resolving anything again.
+# machine runs the same releases), then the project itself without resolving anything again. The install is
+# skipped when LOCK_FILE and pyproject.toml are those of the last install into this .venv (a stamp in .venv holds
+# their digest): checking an unchanged venv took ~7 s of every run. Remove the stamp, or .venv, to install again.
 # Usage: project_venv SCRIPT_NAME LOCK_FILE MESSAGE
 # (e.g. project_venv scripts/test.sh requirements-dev.lock "installing the project and its dev tools into .venv").
 project_venv() {
@@ -14,9 +16,15 @@ project_venv() {
     echo "creating .venv"
     "$python" -m venv .venv
   fi
+  local stamp=".venv/.installed-$(basename "$lock")" digest
+  digest=$(cat "$lock" pyproject.toml | sha256sum)
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$digest" ]; then
+    return
+  fi
   echo "$message"
   local pip=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
   "${pip[@]}" --upgrade pip
   "${pip[@]}" --require-hashes -r "$lock"
   "${pip[@]}" --no-deps -e .
+  echo "$digest" >"$stamp"
 }
