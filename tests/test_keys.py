@@ -6,6 +6,8 @@ import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from multiformats import multibase
 
 from ledger.keys import (
@@ -25,6 +27,12 @@ def test_did_key_is_multicodec_ed25519_in_base58btc():
     assert raw[:2] == b"\xed\x01"
     assert public_key_from_did(key.did) == raw[2:]
     assert did_from_public_key(raw[2:]) == key.did
+
+
+@given(public_key=st.binary(min_size=32, max_size=32))
+def test_a_did_key_is_what_multiformats_encodes(public_key):
+    """The did:key made here is multiformats' base58btc of the same bytes, for any 32-byte key (zeros included)."""
+    assert did_from_public_key(public_key) == "did:key:" + multibase.encode(b"\xed\x01" + public_key, "base58btc")
 
 
 def test_known_did_key_vector():
