@@ -114,6 +114,10 @@ class Fetcher:
         """The peers that listed an operation still wanted (those being fetched from among them): O(wanted)."""
         return set().union(*(want.peers for want in self.wanted.values()))
 
+    def listed_by(self, peer: ID) -> bool:
+        """Whether an operation `peer` listed is still wanted from it (not yet fetched, nor failed there)."""
+        return any(peer in want.peers for want in self.wanted.values())
+
     def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
         """Record which of `found` (listed by `peer`) this node lacks; how many. One already wanted is lacking
         without a look at the store (a catch-up from several peers hears of each missing operation from each)."""

@@ -687,6 +687,77 @@ def test_operations_whose_only_holder_fails_the_fetch_stay_wanted_until_another_
             ledger.close()
 
 
+def held_fetches(host: IHost, ledger: Ledger, asked: list[str], release: trio.Event) -> None:
+    """A sync server that answers as a node does, but holds every `blocks` request until `release` is set (a fetch
+    in progress); `asked` receives the kind of each request, in order."""
+    index = SetIndex()
+
+    async def handler(stream: INetStream) -> None:
+        try:
+            data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
+            assert data is not None
+            asked.append(codec.decode(data)["get"])
+            if asked[-1] == "blocks":
+                await release.wait()
+            writer = FrameWriter(stream)
+            async for payload in answer_request(ledger.view(), data, read, index):
+                await writer.send(payload)
+            await writer.flush()
+            await stream.close()
+        except Exception:
+            with trio.CancelScope(shield=True):
+                await stream.reset()
+
+    host.set_stream_handler(SYNC_PROTOCOL, handler)
+
+
+def test_a_round_with_a_peer_whose_listing_is_still_being_fetched_does_not_list_it_again(tmp_path):
+    """The peer listed 40 operations this node lacks and their fetch is on: a second round with it, at the same head,
+    asks for its head and nothing more (it listed everything again, at every 10 s round of a catch-up); once they are
+    fetched, each once, the node is in sync."""
+    history = random_history(random.Random(41), 40)
+    holder, fresh = open_ledger(tmp_path / "holder"), open_ledger(tmp_path / "fresh")
+    ingest(holder, history)
+    server, asked, release = _noise_host(), [], trio.Event()
+    held_fetches(server, holder, asked, release)
+    client = P2PNode(
+        key_pair(secrets.token_bytes(32)),
+        ["/ip4/127.0.0.1/tcp/0"],
+        [],
+        LedgerPortOverLedger(fresh),
+        LogStates(tmp_path / "p2p-fresh"),
+        target_peers=0,
+    )
+
+    async def until(check: Callable[[], Any]) -> None:
+        while not check():
+            await trio.sleep(0.01)
+
+    async def main() -> list[str]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery, running(server):
+                await nursery.start(client.run)
+                peer = client.peer(await client.connect(full_addrs(server)[0]))
+                await until(lambda: "blocks" in asked)  # listed, and the fetch is on
+                first = peer.last_sync
+                peer.wanted.set()  # a gossip hint, or the round's interval ending
+                await until(lambda: peer.last_sync != first)
+                rounds = list(asked)
+                release.set()
+                await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
+                client.stop.set()
+        return rounds
+
+    try:
+        rounds = trio.run(main)
+        assert rounds.count("list") == 1 and rounds[-1] == "head", rounds
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert fresh.view().state_root() == holder.view().state_root()
+    finally:
+        holder.close()
+        fresh.close()
+
+
 def test_discovery_does_not_close_a_surplus_peer_sync_needs():
     """Four peers above a target of one: the newest three are surplus, but the one sync needs (it listed operations
     this node still lacks, or a read from it is on) stays connected."""
