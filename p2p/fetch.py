@@ -41,8 +41,9 @@ INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a
 #: keep this node "catching up" for ever
 STRANDED_KEEP = 300.0
 
-#: `admit(ops, source)`: (what goes to the ingest queue now, decoded where it decodes; which of those are operations)
-Admit = Callable[[list[bytes], Source], tuple[list[bytes | Block], set[bytes]]]
+#: `admit(ops, source, cids)`: (what goes to the ingest queue now, decoded where it decodes; which of those are
+#: operations); `cids` are the binary CIDs of `ops`
+Admit = Callable[[list[bytes], Source, list[bytes]], tuple[list[bytes | Block], set[bytes]]]
 #: `submit(ready, present, source, peer, wait=, lane=, queued=)`: into the ingest queue; how many the ledger rejected
 Submit = Callable[..., Awaitable[int]]
 #: `penalise(peer, points, why)`
@@ -165,18 +166,18 @@ class Fetcher:
                     await trio.sleep(FETCH_GRACE / 4)
                     continue
                 chunks = self._assign(window)
-                results: list[list[bytes]] = [[] for _ in chunks]
+                results: list[dict[bytes, bytes]] = [{} for _ in chunks]
                 arrived = [trio.Event() for _ in chunks]
                 async with trio.open_nursery() as fetching:
                     for number, (peer_id, cids) in enumerate(chunks):
                         fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number, arrived[number])
                     for number, (peer_id, cids) in enumerate(chunks):
                         await arrived[number].wait()
-                        blocks = results[number]
-                        self._settle(peer_id, cids, blocks)
+                        arrived_blocks = results[number]
+                        self._settle(peer_id, cids, arrived_blocks)
                         peer = self._peer(peer_id)
                         source = Source("sync", str(peer_id))
-                        ready, present = self._admit(blocks, source)
+                        ready, present = self._admit(list(arrived_blocks.values()), source, list(arrived_blocks))
                         await self._ingest_slots.acquire()
                         self.fetched_queued += len(ready)
                         queued = trio.Event()
@@ -245,7 +246,7 @@ class Fetcher:
             log.warning("forgot %d wanted operations no round listed again in %.0f s", len(expired), STRANDED_KEEP)
 
     async def _fetch_chunk(
-        self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int, arrived: trio.Event
+        self, peer_id: ID, cids: list[bytes], results: list[dict[bytes, bytes]], number: int, arrived: trio.Event
     ) -> None:
         """Fetch one chunk into `results[number]` (left empty if the fetch failed); `arrived` is set either way."""
         peer = self._peer(peer_id)
@@ -261,16 +262,16 @@ class Fetcher:
         finally:
             arrived.set()
 
-    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
-        """Forget what arrived; what the peer did not send is asked of another peer that listed it, or stranded
-        (`_window`) when none is left. A peer that listed an operation holds it (a log only grows), so one it did
-        not send means a failed exchange (py-libp2p may show a reset stream as a clean end), not that none has it."""
-        arrived = {CID.for_block(data).raw for data in blocks}
+    def _settle(self, peer_id: ID, cids: list[bytes], arrived: dict[bytes, bytes]) -> None:
+        """Forget what arrived (operations by binary CID); what the peer did not send is asked of another peer that
+        listed it, or stranded (`_window`) when none is left. A peer that listed an operation holds it (a log only
+        grows), so one it did not send means a failed exchange (py-libp2p may show a reset stream as a clean end),
+        not that none has it."""
         view = self._view()
-        self.counters.sync_fetched += len(blocks)
-        self.counters.sync_bytes_received += sum(len(data) for data in blocks)
+        self.counters.sync_fetched += len(arrived)
+        self.counters.sync_bytes_received += sum(len(data) for data in arrived.values())
         self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
-        self._peer(peer_id).fetched += len(blocks)
+        self._peer(peer_id).fetched += len(arrived)
         for cid in cids:
             want = self.wanted.get(cid)
             if want is None:

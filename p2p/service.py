@@ -433,10 +433,12 @@ class P2PNode:
         ready, present = self._admit(ops, source)
         return await self._submit(ready, present, source, peer, wait=wait, lane=lane)
 
-    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes | Block], set[bytes]]:
+    def _admit(
+        self, ops: list[bytes], source: Source, cids: Sequence[bytes] | None = None
+    ) -> tuple[list[bytes | Block], set[bytes]]:
         """The first half of `_deliver`, with no await: what goes to the ledger now (decoded, as Blocks, but for
         bytes that do not decode; which are operations, now counted as on their way), the rest into the orphan
-        pool."""
+        pool. `cids`: the binary CIDs of `ops`, when the caller computed them already (the fetcher checked them)."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
@@ -444,8 +446,7 @@ class P2PNode:
 
         ready: list[bytes | Block] = []
         candidates: dict[bytes, Block] = {}
-        for data in ops:
-            cid = CID.for_block(data).raw
+        for data, cid in zip(ops, cids or [CID.for_block(data).raw for data in ops], strict=True):
             if cid in candidates or here(cid):
                 continue
             # an orphan that arrives again is checked afresh: its dependencies may have come with it
@@ -589,7 +590,7 @@ class P2PNode:
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
                 found_blocks = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
-                await self._deliver(found_blocks, Source("sync", str(peer.id)), peer, wait=True)
+                await self._deliver(list(found_blocks.values()), Source("sync", str(peer.id)), peer, wait=True)
                 outcome += f", {len(found_blocks)} of {len(missing)} dependencies fetched"
             peer.sync_state = "fetching" if peer.missing else "in sync"
             peer.sync_failures, peer.last_sync = 0, time.time()

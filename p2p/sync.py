@@ -468,11 +468,11 @@ async def verify_head(host: IHost, peer: ID, states: LogStates) -> TreeHead:
     return head
 
 
-async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes]:
-    """The operations `peer` holds among `cids`, each once, in the order of `cids` (checked: each must be one we
-    asked for). The request lists them sorted and a peer answers in any order, but the fetcher asks in clock order
-    and the ledger stores a batch in its order: a child ahead of its parent would wait there as pending (in CID
-    order, 9,955 of a 10,000-operation catch-up did)."""
+async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> dict[bytes, bytes]:
+    """The operations `peer` holds among `cids`, each once, by binary CID in the order of `cids` (checked: each must
+    be one we asked for; the CIDs are handed on, not hashed again). The request lists them sorted and a peer answers
+    in any order, but the fetcher asks in clock order and the ledger stores a batch in its order: a child ahead of
+    its parent would wait there as pending (in CID order, 9,955 of a 10,000-operation catch-up did)."""
     asked = list(dict.fromkeys(cid.raw for cid in cids[:MAX_BLOCKS]))
     frames = await ask(host, peer, {"get": "blocks", "cids": sorted(asked)}, len(asked))
     wanted, arrived = set(asked), {}
@@ -481,7 +481,7 @@ async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes
         if cid not in wanted:
             raise Misbehaviour("sync.blocks", "blocks: an operation that was not asked for")
         arrived[cid] = data
-    return [arrived[cid] for cid in asked if cid in arrived]
+    return {cid: arrived[cid] for cid in asked if cid in arrived}
 
 
 async def differences(host: IHost, peer: ID, index: SetIndex) -> list[tuple[int, bytes]]:
