@@ -29,6 +29,7 @@ from ledger.ops import Block
 from ledger.view import LedgerView
 from p2p.counters import Counters
 from p2p.peers import PENALTY_MISBEHAVIOUR, Peer
+from p2p.reconcile import LEAF_BITS, SetIndex, bucket_of
 from p2p.sync import MAX_BLOCKS, Misbehaviour, SyncError, fetch_blocks
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,42 @@ Admit = Callable[[list[bytes], Source, list[bytes]], tuple[list[bytes | Block], 
 Submit = Callable[..., Awaitable[int]]
 #: `penalise(peer, points, why)`
 Penalise = Callable[[Peer, float, str], Awaitable[None]]
+
+
+class OnTheWay:
+    """The operations found missing and not yet through ingest (wanted, being fetched, or queued): their fingerprints
+    (`index`), so that a round compares a peer's with what this node holds or is getting, and by leaf bucket, to
+    find those of a range whose fingerprints agree."""
+
+    def __init__(self) -> None:
+        self.index = SetIndex()
+        self._by_bucket: dict[int, set[bytes]] = {}
+
+    def add(self, cids: list[bytes]) -> None:
+        new = [cid for cid in cids if cid not in self._by_bucket.get(bucket_of(cid), ())]
+        for cid in new:
+            self._by_bucket.setdefault(bucket_of(cid), set()).add(cid)
+        self.index.add(new)
+
+    def discard(self, cids: list[bytes]) -> None:
+        gone = []
+        for cid in cids:
+            bucket = self._by_bucket.get(bucket_of(cid))
+            if bucket is not None and cid in bucket:
+                bucket.discard(cid)
+                gone.append(cid)
+                if not bucket:
+                    del self._by_bucket[bucket_of(cid)]
+        self.index.add(gone, -1)
+
+    def within(self, level: int, prefix: int) -> list[bytes]:
+        """Those in the range `prefix` at `level` bits."""
+        shift = LEAF_BITS - level
+        if len(self._by_bucket) < 1 << shift:  # fewer buckets in use than the range spans
+            return [cid for bucket, cids in self._by_bucket.items() if bucket >> shift == prefix for cid in cids]
+        return [
+            cid for bucket in range(prefix << shift, (prefix + 1) << shift) for cid in self._by_bucket.get(bucket, ())
+        ]
 
 
 @dataclass
@@ -93,6 +130,7 @@ class Fetcher:
         self._submit = submit
         self._penalise = penalise
         self.wanted: dict[bytes, Want] = {}
+        self.on_the_way = OnTheWay()  # wanted, and fetched until ingest answered
         self.stranded: set[bytes] = set()  # wanted ones no usable peer listed: off the heap until one does
         self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
         self._wanted_changed = trio.Event()
@@ -110,6 +148,7 @@ class Fetcher:
         if want is not None and not want.in_flight:
             del self.wanted[cid]
             self.stranded.discard(cid)
+            self.on_the_way.discard([cid])
 
     def holders(self) -> set[ID]:
         """The peers that listed an operation still wanted (those being fetched from among them): O(wanted)."""
@@ -130,18 +169,40 @@ class Fetcher:
         ]
         # more than a window missing is a catch-up, not gossip in flight: no grace
         now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
+        new = []
         for clock, cid in lacking:
             want = wanted.get(cid)
             if want is None:
                 want = wanted[cid] = Want(clock, now)
                 heapq.heappush(self._fetch_order, (clock, cid))
+                new.append(cid)
             elif cid in self.stranded:
                 self.stranded.discard(cid)
                 heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
+        self.on_the_way.add(new)
         if lacking:
             self._wanted_changed.set()
         return len(lacking)
+
+    def held_by(self, ranges: list[tuple[int, int]], peer: ID) -> int:
+        """`peer` holds every operation on its way here in `ranges` (its fingerprints of them equal those of what this
+        node holds and is getting): it may be asked for the wanted ones among them. How many those are."""
+        found = [
+            (self.wanted[cid].clock, cid)
+            for level, prefix in ranges
+            for cid in self.on_the_way.within(level, prefix)
+            if cid in self.wanted
+        ]
+        for clock, cid in found:
+            want = self.wanted[cid]
+            if cid in self.stranded:
+                self.stranded.discard(cid)
+                heapq.heappush(self._fetch_order, (clock, cid))
+            want.peers.add(peer)
+        if found:
+            self._wanted_changed.set()
+        return len(found)
 
     async def run(self) -> None:
         """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
@@ -181,7 +242,9 @@ class Fetcher:
                         await self._ingest_slots.acquire()
                         self.fetched_queued += len(ready)
                         queued = trio.Event()
-                        ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
+                        ingesting.start_soon(
+                            self._ingest_fetched, ready, present, list(arrived_blocks), source, peer, turn, queued
+                        )
                         turn = queued
 
     def _window(self) -> list[bytes]:
@@ -200,6 +263,7 @@ class Fetcher:
             want.peers &= usable
             if cid in self._queued or view.has(CID(cid)):
                 del self.wanted[cid]
+                self.on_the_way.discard([cid])
             elif not want.peers:
                 self.stranded.add(cid)
                 want.stranded_at = time.monotonic()
@@ -242,6 +306,7 @@ class Fetcher:
         for cid in expired:
             self.stranded.discard(cid)
             del self.wanted[cid]
+        self.on_the_way.discard(expired)
         if expired:
             log.warning("forgot %d wanted operations no round listed again in %.0f s", len(expired), STRANDED_KEEP)
 
@@ -287,6 +352,7 @@ class Fetcher:
         self,
         ready: list[bytes | Block],
         present: set[bytes],
+        arrived: list[bytes],
         source: Source,
         peer: Peer,
         turn: trio.Event,
@@ -304,4 +370,5 @@ class Fetcher:
         finally:
             queued.set()
             self.fetched_queued -= len(ready)
+            self.on_the_way.discard(arrived)  # stored (so in the log's fingerprints), or not coming
             self._ingest_slots.release()

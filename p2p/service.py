@@ -579,9 +579,10 @@ class P2PNode:
             elif head.size != peer.settled_size:
                 view = self.ledger.view()
                 await self.index.follow(view, self.ledger.read)
-                found = await differences(self.host, peer.id, self.index)
+                covered: list[tuple[int, int]] = []
+                found = await differences(self.host, peer.id, self.index, self.fetcher.on_the_way.index, covered)
                 self.counters.sync_rounds += 1
-                peer.missing = self.fetcher.want(found, peer.id, view)
+                peer.missing = self.fetcher.want(found, peer.id, view) + self.fetcher.held_by(covered, peer.id)
                 peer.settled_size = -1 if peer.missing else head.size
                 peer.listed_size = head.size if peer.missing else -1
                 outcome = f"head {head.size}, {len(found)} listed, {peer.missing} missing here"

@@ -759,6 +759,57 @@ def test_a_round_with_a_peer_whose_listing_is_still_being_fetched_does_not_list_
         fresh.close()
 
 
+def test_a_peer_that_holds_exactly_what_is_being_fetched_is_not_listed_but_asked_for_it(tmp_path):
+    """Two peers hold the same 40 operations. The first lists them and their fetch is on; the second's fingerprints
+    equal those of what the node holds and is getting, so its round lists nothing (a catch-up from 5 peers listed
+    everything 5 times), yet it is known to hold them all: the fetcher may ask it. Each is fetched once."""
+    history = random_history(random.Random(43), 40)
+    holders = [open_ledger(tmp_path / f"holder{number}") for number in range(2)]
+    fresh = open_ledger(tmp_path / "fresh")
+    for ledger in holders:
+        ingest(ledger, history)
+    servers, asked, release = [_noise_host(), _noise_host()], [[], []], trio.Event()
+    for server, ledger, kinds in zip(servers, holders, asked, strict=True):
+        held_fetches(server, ledger, kinds, release)
+    client = P2PNode(
+        key_pair(secrets.token_bytes(32)),
+        ["/ip4/127.0.0.1/tcp/0"],
+        [],
+        LedgerPortOverLedger(fresh),
+        LogStates(tmp_path / "p2p-fresh"),
+        target_peers=0,
+    )
+
+    async def until(check: Callable[[], Any]) -> None:
+        while not check():
+            await trio.sleep(0.01)
+
+    async def main() -> list[set[ID]]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery, running(*servers):
+                await nursery.start(client.run)
+                await client.connect(full_addrs(servers[0])[0])
+                await until(lambda: "blocks" in asked[0])  # listed, and the fetch is on
+                second = client.peer(await client.connect(full_addrs(servers[1])[0]))
+                await until(lambda: second.last_sync)
+                holders_then = [want.peers for want in client.fetcher.wanted.values()]
+                release.set()
+                await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
+                client.stop.set()
+        return holders_then
+
+    try:
+        holders_then = trio.run(main)
+        assert asked[0].count("list") == 1 and "list" not in asked[1] and "sums" in asked[1], asked
+        assert holders_then == [{servers[0].get_id(), servers[1].get_id()}] * len(history)
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert fresh.view().state_root() == holders[0].view().state_root()
+        assert len(client.fetcher.on_the_way.within(0, 0)) == 0  # nothing left on its way once stored
+    finally:
+        for ledger in [*holders, fresh]:
+            ledger.close()
+
+
 def test_discovery_does_not_close_a_surplus_peer_sync_needs():
     """Four peers above a target of one: the newest three are surplus, but the one sync needs (it listed operations
     this node still lacks, or a read from it is on) stays connected."""
