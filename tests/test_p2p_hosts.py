@@ -810,6 +810,53 @@ def test_a_peer_that_holds_exactly_what_is_being_fetched_is_not_listed_but_asked
             ledger.close()
 
 
+def test_a_fresh_node_reconciling_with_three_peers_at_once_lists_their_operations_once(tmp_path):
+    """Three peers hold the same 60 operations and the fresh node connects to all at once: their rounds reconcile
+    one after another, so only the first lists them (each listed all of them, at once), and all three are known
+    to hold every one (the fetch is spread over them)."""
+    history = random_history(random.Random(47), 60)
+    holders = [open_ledger(tmp_path / f"holder{number}") for number in range(3)]
+    fresh = open_ledger(tmp_path / "fresh")
+    for ledger in holders:
+        ingest(ledger, history)
+    servers, asked, release = [_noise_host() for _ in holders], [[] for _ in holders], trio.Event()
+    for server, ledger, kinds in zip(servers, holders, asked, strict=True):
+        held_fetches(server, ledger, kinds, release)
+
+    async def until(check: Callable[[], Any]) -> None:
+        while not check():
+            await trio.sleep(0.01)
+
+    async def main() -> tuple[list[set[ID]], P2PNode]:
+        with trio.fail_after(TIMEOUT):
+            async with trio.open_nursery() as nursery, running(*servers):
+                client = P2PNode(
+                    key_pair(secrets.token_bytes(32)),
+                    ["/ip4/127.0.0.1/tcp/0"],
+                    [full_addrs(server)[0] for server in servers],  # dialled at once
+                    LedgerPortOverLedger(fresh),
+                    LogStates(tmp_path / "p2p-fresh"),
+                    target_peers=0,
+                )
+                await nursery.start(client.run)
+                await until(lambda: all(client.peer(server.get_id()).last_sync for server in servers))
+                holders_then = [want.peers for want in client.fetcher.wanted.values()]
+                release.set()
+                await until(lambda: fresh.view().log_size == len(history) and not client.sync_status()["behind"])
+                client.stop.set()
+        return holders_then, client
+
+    try:
+        holders_then, client = trio.run(main)
+        assert sum(kinds.count("list") for kinds in asked) == 1, asked
+        assert holders_then == [{server.get_id() for server in servers}] * len(history)
+        assert (client.counters.sync_fetched, client.counters.sync_duplicates) == (len(history), 0)
+        assert fresh.view().state_root() == holders[0].view().state_root()
+    finally:
+        for ledger in [*holders, fresh]:
+            ledger.close()
+
+
 def test_discovery_does_not_close_a_surplus_peer_sync_needs():
     """Four peers above a target of one: the newest three are surplus, but the one sync needs (it listed operations
     this node still lacks, or a read from it is on) stays connected."""
