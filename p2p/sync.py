@@ -259,7 +259,7 @@ async def answer(
 
 
 def _blocks(view: LedgerView, cids: list[CID]) -> list[bytes]:
-    return [block.data for cid in cids if (block := view.block(cid)) is not None]
+    return [data for cid in cids if (data := view.block_bytes(cid)) is not None]
 
 
 def serve(

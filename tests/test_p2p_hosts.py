@@ -225,6 +225,23 @@ def test_the_sync_server_answers_head_entries_blocks_and_consistency(source, his
     assert {outcome for _, outcome in served} <= {"ok"}
 
 
+def test_the_sync_server_sends_blocks_as_stored_without_decoding_them(source, history, monkeypatch):
+    """Serving a fetch reads each operation's bytes (checked against its CID) and sends them: decoding each, only to
+    send its bytes, took ~50 us of the serving peer's CPU per operation, on the cores a catching-up node shares."""
+
+    def decoding(data: bytes) -> None:
+        raise AssertionError("the server decoded an operation it only sends")
+
+    monkeypatch.setattr("ledger.view.load_stored", decoding)
+    wanted = [history[5].cid.raw, history[1].cid.raw]
+
+    async def main() -> list[bytes]:
+        request = codec.encode({"get": "blocks", "cids": wanted})
+        return [payload async for payload in answer_request(source.view(), request, read, SetIndex())]
+
+    assert trio.run(main) == [history[5].data, history[1].data]
+
+
 async def _raw_exchange(client: IHost, peer: ID, data: bytes) -> list[bytes] | str:
     """Write `data` as is on a sync stream; the frames answered, or how the stream failed."""
     stream = await client.new_stream(peer, [SYNC_PROTOCOL])
