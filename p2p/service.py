@@ -72,9 +72,10 @@ DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits
 SYNCS = 4  # peers read at once
 SYNC_INTERVAL = 10.0  # seconds between syncs with a peer when nothing asks for one sooner (a gossip hint does)
 SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer and the next
-#: seconds a round waits for another's reconciliation to end before reconciling alongside it: one after another,
-#: the second compares with what the first found missing and lists nothing that one listed (a catch-up's first
-#: rounds with 4 peers at once each listed all 10,000 operations); a slow peer delays the others this much at most
+#: seconds a round with a peer whose log is longer than this node's waits for another such reconciliation to end
+#: before reconciling alongside it: one after another, the second compares with what the first found missing and
+#: lists nothing that one listed (a catch-up's first rounds with 4 peers at once each listed all 10,000
+#: operations); a slow peer delays the others this much at most
 RECONCILE_TURN = 2.0
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
@@ -582,7 +583,7 @@ class P2PNode:
                 # again on the event loop the writer shares)
                 outcome = f"head {head.size}, unchanged while what it listed is fetched"
             elif head.size != peer.settled_size:
-                found, peer.missing = await self._reconcile(peer)
+                found, peer.missing = await self._reconcile(peer, head.size)
                 peer.settled_size = -1 if peer.missing else head.size
                 peer.listed_size = head.size if peer.missing else -1
                 outcome = f"head {head.size}, {len(found)} listed, {peer.missing} missing here"
@@ -627,14 +628,16 @@ class P2PNode:
                 len(self.fetcher.stranded),
             )
 
-    async def _reconcile(self, peer: Peer) -> tuple[list[tuple[int, bytes]], int]:
-        """What `peer` lists (ranges where it differs from what this node holds or is getting) and how many
-        operations it holds that are missing here, after the reconciliation in progress with another peer, if any,
-        has ended (or RECONCILE_TURN passed)."""
+    async def _reconcile(self, peer: Peer, size: int) -> tuple[list[tuple[int, bytes]], int]:
+        """What `peer` (whose log holds `size` operations) lists (ranges where it differs from what this node holds
+        or is getting) and how many operations it holds that are missing here. A peer with a longer log than this
+        node's may list many: it waits for the reconciliation in progress with another peer, if any, to end (or
+        RECONCILE_TURN to pass); the others do not wait."""
         turn = False
-        with trio.move_on_after(RECONCILE_TURN):
-            await self._reconciling.acquire()
-            turn = True
+        if size > self.ledger.view().log_size:
+            with trio.move_on_after(RECONCILE_TURN):
+                await self._reconciling.acquire()
+                turn = True
         try:
             view = self.ledger.view()
             await self.index.follow(view, self.ledger.read)
