@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
 FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
 INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
+PEER_CHUNKS = 2  # chunks fetched from one peer at once
 #: seconds a stranded operation is kept for a round to list it again (every connected holder reconciles again within
 #: SYNC_INTERVAL); after that it is forgotten, so that a peer that listed operations it never had and left cannot
 #: keep this node "catching up" for ever
@@ -284,19 +285,30 @@ class Fetcher:
         return list(window)
 
     def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
-        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
+        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that holds all of it, at most
+        PEER_CHUNKS to one peer: the window ends where no holder has room, and the rest goes back on the heap. A
+        peer answers the requests it gets at once together, so 8 chunks from one peer (the only holder known when a
+        catch-up begins) arrived together, the first 0.25 s after it was found, the writer idle meanwhile."""
         load: Counter[ID] = Counter()
+        taken: Counter[ID] = Counter()  # chunks per peer
         chunks: list[tuple[ID, list[bytes]]] = []
-        for cid in window:
+        for number, cid in enumerate(window):
             want = self.wanted[cid]
-            want.in_flight = True
             if chunks and chunks[-1][0] in want.peers and len(chunks[-1][1]) < MAX_BLOCKS:
+                want.in_flight = True
                 chunks[-1][1].append(cid)
                 load[chunks[-1][0]] += 1
                 continue
-            chosen = min(sorted(want.peers, key=str), key=lambda peer_id: load[peer_id])
+            room = sorted((peer_id for peer_id in want.peers if taken[peer_id] < PEER_CHUNKS), key=str)
+            if not room:
+                for rest in window[number:]:
+                    heapq.heappush(self._fetch_order, (self.wanted[rest].clock, rest))
+                break
+            want.in_flight = True
+            chosen = min(room, key=lambda peer_id: load[peer_id])
             chunks.append((chosen, [cid]))
             load[chosen] += 1
+            taken[chosen] += 1
         return chunks
 
     def _expire(self) -> None:
