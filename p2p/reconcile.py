@@ -143,6 +143,16 @@ _CID_STRING = bytes([0x58, CID_LENGTH])
 _UINT_WIDTHS = {0x18: (1, 24), 0x19: (2, 1 << 8), 0x1A: (4, 1 << 16), 0x1B: (8, 1 << 32)}  # width, least in it
 
 
+def encode_item(clock: int, cid: bytes) -> bytes:
+    """[clock, cid] of a `list` answer in its one canonical encoding, written by hand (~0.6 us against the general
+    encoder's ~2.8, once per operation a peer lists)."""
+    if clock < 24:
+        return bytes([_ITEM_ARRAY, clock]) + _CID_STRING + cid
+    width = 1 if clock < 1 << 8 else 2 if clock < 1 << 16 else 4 if clock < 1 << 32 else 8
+    marker = {1: 0x18, 2: 0x19, 4: 0x1A, 8: 0x1B}[width]
+    return bytes([_ITEM_ARRAY, marker]) + clock.to_bytes(width, "big") + _CID_STRING + cid
+
+
 def decode_item(payload: bytes) -> tuple[int, bytes]:
     """One (clock, CID) of a `list` answer; raises LedgerError('sync.list') on any other shape. Read by hand: the
     item has one canonical encoding, and the general decoder (decode, then encode again to prove it canonical)

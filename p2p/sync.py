@@ -65,6 +65,7 @@ from p2p.reconcile import (
     check_ranges,
     decode_item,
     decode_sums,
+    encode_item,
     encode_sums,
 )
 
@@ -227,7 +228,7 @@ async def answer(
             left = MAX_LISTED
             for prefix in request["prefixes"]:
                 for clock, cid in await read(view.held_between, *bounds(request["level"], prefix), left):
-                    yield codec.encode([clock, cid])
+                    yield encode_item(clock, cid)
                     left -= 1
                 if left <= 0:
                     break

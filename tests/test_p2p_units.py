@@ -30,7 +30,7 @@ from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import key_pair, reaches_listener, tcp_endpoint
 from p2p.orphans import Orphan, OrphanPool
 from p2p.peers import Peer
-from p2p.reconcile import decode_item
+from p2p.reconcile import decode_item, encode_item
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
 
@@ -725,6 +725,8 @@ def test_a_listed_item_read_by_hand_is_what_the_general_decoder_accepts(clock, d
     elif isinstance(edit, bytes):
         payload += edit
     expected = _item_by_the_general_decoder(payload)
+    if edit is None:
+        assert encode_item(clock, CID.for_block(b"").raw[:4] + digest) == payload  # the server's, by hand
     if expected is None:
         with pytest.raises(LedgerError) as caught:
             decode_item(payload)
