@@ -112,7 +112,8 @@ def copy_data(source: Path, home: Path) -> None:
         (shutil.copytree if item.is_dir() else shutil.copy2)(item, target)
 
 
-def bench_catch_up(count: int, peers: int) -> None:
+def bench_catch_up(count: int, peers: int, keep_logs: Path | None = None) -> None:
+    """`keep_logs`: copy the daemons' logs there (B's as b.log) once they stopped."""
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         root = Path(tmp)
         a_home = node_home(root, "a", None, [])
@@ -163,6 +164,11 @@ def bench_catch_up(count: int, peers: int) -> None:
             metrics = b.http.get(b.url + "metrics").text
             table = {p["peer_id"]: p["sync"]["fetched"] for p in b.call("peers")["peers"]}
             shares = sorted((table.get(peer_id(server), 0) for server in servers), reverse=True)
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for home in [*homes, b_home]:
+                shutil.copy(home / LOG, keep_logs / f"{home.name}.log")
+            progress(f"the daemons' logs are in {keep_logs}")
     rate, synced = count / took, count / (took - (ready - started))
     print(f"\n## catch-up: a fresh node fetches {count:,} operations from {peers} peers that hold them all\n")
     print(
@@ -595,13 +601,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batching", type=int, default=3000, help="operations for the batching measurement")
     parser.add_argument("--burst", type=int, default=1000, help="operations in the scale measurement's burst")
-    parser.add_argument("--keep-logs", type=Path, dest="keep_logs", help="scale: copy the daemons' logs here")
+    parser.add_argument("--keep-logs", type=Path, dest="keep_logs", help="catch-up, scale: copy the daemons' logs here")
     parser.add_argument("--only", choices=["catch-up", "propagation", "batching", "rogue", "scale"], action="append")
     args = parser.parse_args(argv)
     wanted = set(args.only or ["catch-up", "propagation", "batching", "rogue", "scale"])
     rates = [int(rate) for rate in args.rates.split(",")]
     if "catch-up" in wanted:
-        bench_catch_up(args.catch_up, args.catch_up_peers)
+        bench_catch_up(args.catch_up, args.catch_up_peers, args.keep_logs)
     if "propagation" in wanted:
         bench_propagation(args.nodes, rates, args.seconds)
     if "batching" in wanted:

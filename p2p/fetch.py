@@ -29,6 +29,7 @@ from ledger.ops import Block
 from ledger.view import LedgerView
 from p2p.counters import Counters
 from p2p.peers import PENALTY_MISBEHAVIOUR, Peer
+from p2p.reconcile import LEAF_BITS, SetIndex, bucket_of
 from p2p.sync import MAX_BLOCKS, Misbehaviour, SyncError, fetch_blocks
 
 log = logging.getLogger(__name__)
@@ -36,17 +37,55 @@ log = logging.getLogger(__name__)
 FETCH_GRACE = 1.0  # seconds a missing operation waits for gossip before sync fetches it
 FETCH_WINDOW = 8 * MAX_BLOCKS  # operations fetched at once, over every peer that has them
 INGEST_SLOTS = FETCH_WINDOW // MAX_BLOCKS  # fetched chunks queued for ingest (a window's) while the next is fetched
+PEER_CHUNKS = 2  # chunks fetched from one peer at once
 #: seconds a stranded operation is kept for a round to list it again (every connected holder reconciles again within
 #: SYNC_INTERVAL); after that it is forgotten, so that a peer that listed operations it never had and left cannot
 #: keep this node "catching up" for ever
 STRANDED_KEEP = 300.0
 
-#: `admit(ops, source)`: (what goes to the ingest queue now, decoded where it decodes; which of those are operations)
-Admit = Callable[[list[bytes], Source], tuple[list[bytes | Block], set[bytes]]]
+#: `admit(ops, source, cids)`: (what goes to the ingest queue now, decoded where it decodes; which of those are
+#: operations); `cids` are the binary CIDs of `ops`
+Admit = Callable[[list[bytes], Source, list[bytes]], tuple[list[bytes | Block], set[bytes]]]
 #: `submit(ready, present, source, peer, wait=, lane=, queued=)`: into the ingest queue; how many the ledger rejected
 Submit = Callable[..., Awaitable[int]]
 #: `penalise(peer, points, why)`
 Penalise = Callable[[Peer, float, str], Awaitable[None]]
+
+
+class OnTheWay:
+    """The operations found missing and not yet through ingest (wanted, being fetched, or queued): their fingerprints
+    (`index`), so that a round compares a peer's with what this node holds or is getting, and by leaf bucket, to
+    find those of a range whose fingerprints agree."""
+
+    def __init__(self) -> None:
+        self.index = SetIndex()
+        self._by_bucket: dict[int, set[bytes]] = {}
+
+    def add(self, cids: list[bytes]) -> None:
+        new = [cid for cid in cids if cid not in self._by_bucket.get(bucket_of(cid), ())]
+        for cid in new:
+            self._by_bucket.setdefault(bucket_of(cid), set()).add(cid)
+        self.index.add(new)
+
+    def discard(self, cids: list[bytes]) -> None:
+        gone = []
+        for cid in cids:
+            bucket = self._by_bucket.get(bucket_of(cid))
+            if bucket is not None and cid in bucket:
+                bucket.discard(cid)
+                gone.append(cid)
+                if not bucket:
+                    del self._by_bucket[bucket_of(cid)]
+        self.index.add(gone, -1)
+
+    def within(self, level: int, prefix: int) -> list[bytes]:
+        """Those in the range `prefix` at `level` bits."""
+        shift = LEAF_BITS - level
+        if len(self._by_bucket) < 1 << shift:  # fewer buckets in use than the range spans
+            return [cid for bucket, cids in self._by_bucket.items() if bucket >> shift == prefix for cid in cids]
+        return [
+            cid for bucket in range(prefix << shift, (prefix + 1) << shift) for cid in self._by_bucket.get(bucket, ())
+        ]
 
 
 @dataclass
@@ -92,6 +131,7 @@ class Fetcher:
         self._submit = submit
         self._penalise = penalise
         self.wanted: dict[bytes, Want] = {}
+        self.on_the_way = OnTheWay()  # wanted, and fetched until ingest answered
         self.stranded: set[bytes] = set()  # wanted ones no usable peer listed: off the heap until one does
         self._fetch_order: list[tuple[int, bytes]] = []  # heap of (clock, CID) of wanted ones (some stale)
         self._wanted_changed = trio.Event()
@@ -109,10 +149,15 @@ class Fetcher:
         if want is not None and not want.in_flight:
             del self.wanted[cid]
             self.stranded.discard(cid)
+            self.on_the_way.discard([cid])
 
     def holders(self) -> set[ID]:
         """The peers that listed an operation still wanted (those being fetched from among them): O(wanted)."""
         return set().union(*(want.peers for want in self.wanted.values()))
+
+    def listed_by(self, peer: ID) -> bool:
+        """Whether an operation `peer` listed is still wanted from it (not yet fetched, nor failed there)."""
+        return any(peer in want.peers for want in self.wanted.values())
 
     def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
         """Record which of `found` (listed by `peer`) this node lacks; how many. One already wanted is lacking
@@ -125,18 +170,40 @@ class Fetcher:
         ]
         # more than a window missing is a catch-up, not gossip in flight: no grace
         now = time.monotonic() - (FETCH_GRACE if len(lacking) > FETCH_WINDOW else 0.0)
+        new = []
         for clock, cid in lacking:
             want = wanted.get(cid)
             if want is None:
                 want = wanted[cid] = Want(clock, now)
                 heapq.heappush(self._fetch_order, (clock, cid))
+                new.append(cid)
             elif cid in self.stranded:
                 self.stranded.discard(cid)
                 heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
+        self.on_the_way.add(new)
         if lacking:
             self._wanted_changed.set()
         return len(lacking)
+
+    def held_by(self, ranges: list[tuple[int, int]], peer: ID) -> int:
+        """`peer` holds every operation on its way here in `ranges` (its fingerprints of them equal those of what this
+        node holds and is getting): it may be asked for the wanted ones among them. How many those are."""
+        found = [
+            (self.wanted[cid].clock, cid)
+            for level, prefix in ranges
+            for cid in self.on_the_way.within(level, prefix)
+            if cid in self.wanted
+        ]
+        for clock, cid in found:
+            want = self.wanted[cid]
+            if cid in self.stranded:
+                self.stranded.discard(cid)
+                heapq.heappush(self._fetch_order, (clock, cid))
+            want.peers.add(peer)
+        if found:
+            self._wanted_changed.set()
+        return len(found)
 
     async def run(self) -> None:
         """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of
@@ -161,22 +228,24 @@ class Fetcher:
                     await trio.sleep(FETCH_GRACE / 4)
                     continue
                 chunks = self._assign(window)
-                results: list[list[bytes]] = [[] for _ in chunks]
+                results: list[dict[bytes, bytes]] = [{} for _ in chunks]
                 arrived = [trio.Event() for _ in chunks]
                 async with trio.open_nursery() as fetching:
                     for number, (peer_id, cids) in enumerate(chunks):
                         fetching.start_soon(self._fetch_chunk, peer_id, cids, results, number, arrived[number])
                     for number, (peer_id, cids) in enumerate(chunks):
                         await arrived[number].wait()
-                        blocks = results[number]
-                        self._settle(peer_id, cids, blocks)
+                        arrived_blocks = results[number]
+                        self._settle(peer_id, cids, arrived_blocks)
                         peer = self._peer(peer_id)
                         source = Source("sync", str(peer_id))
-                        ready, present = self._admit(blocks, source)
+                        ready, present = self._admit(list(arrived_blocks.values()), source, list(arrived_blocks))
                         await self._ingest_slots.acquire()
                         self.fetched_queued += len(ready)
                         queued = trio.Event()
-                        ingesting.start_soon(self._ingest_fetched, ready, present, source, peer, turn, queued)
+                        ingesting.start_soon(
+                            self._ingest_fetched, ready, present, list(arrived_blocks), source, peer, turn, queued
+                        )
                         turn = queued
 
     def _window(self) -> list[bytes]:
@@ -195,6 +264,7 @@ class Fetcher:
             want.peers &= usable
             if cid in self._queued or view.has(CID(cid)):
                 del self.wanted[cid]
+                self.on_the_way.discard([cid])
             elif not want.peers:
                 self.stranded.add(cid)
                 want.stranded_at = time.monotonic()
@@ -215,19 +285,30 @@ class Fetcher:
         return list(window)
 
     def _assign(self, window: list[bytes]) -> list[tuple[ID, list[bytes]]]:
-        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that listed all of it."""
+        """Clock-contiguous chunks of at most MAX_BLOCKS, each to the least-loaded peer that holds all of it, at most
+        PEER_CHUNKS to one peer: the window ends where no holder has room, and the rest goes back on the heap. A
+        peer answers the requests it gets at once together, so 8 chunks from one peer (the only holder known when a
+        catch-up begins) arrived together, the first 0.25 s after it was found, the writer idle meanwhile."""
         load: Counter[ID] = Counter()
+        taken: Counter[ID] = Counter()  # chunks per peer
         chunks: list[tuple[ID, list[bytes]]] = []
-        for cid in window:
+        for number, cid in enumerate(window):
             want = self.wanted[cid]
-            want.in_flight = True
             if chunks and chunks[-1][0] in want.peers and len(chunks[-1][1]) < MAX_BLOCKS:
+                want.in_flight = True
                 chunks[-1][1].append(cid)
                 load[chunks[-1][0]] += 1
                 continue
-            chosen = min(sorted(want.peers, key=str), key=lambda peer_id: load[peer_id])
+            room = sorted((peer_id for peer_id in want.peers if taken[peer_id] < PEER_CHUNKS), key=str)
+            if not room:
+                for rest in window[number:]:
+                    heapq.heappush(self._fetch_order, (self.wanted[rest].clock, rest))
+                break
+            want.in_flight = True
+            chosen = min(room, key=lambda peer_id: load[peer_id])
             chunks.append((chosen, [cid]))
             load[chosen] += 1
+            taken[chosen] += 1
         return chunks
 
     def _expire(self) -> None:
@@ -237,11 +318,12 @@ class Fetcher:
         for cid in expired:
             self.stranded.discard(cid)
             del self.wanted[cid]
+        self.on_the_way.discard(expired)
         if expired:
             log.warning("forgot %d wanted operations no round listed again in %.0f s", len(expired), STRANDED_KEEP)
 
     async def _fetch_chunk(
-        self, peer_id: ID, cids: list[bytes], results: list[list[bytes]], number: int, arrived: trio.Event
+        self, peer_id: ID, cids: list[bytes], results: list[dict[bytes, bytes]], number: int, arrived: trio.Event
     ) -> None:
         """Fetch one chunk into `results[number]` (left empty if the fetch failed); `arrived` is set either way."""
         peer = self._peer(peer_id)
@@ -257,16 +339,16 @@ class Fetcher:
         finally:
             arrived.set()
 
-    def _settle(self, peer_id: ID, cids: list[bytes], blocks: list[bytes]) -> None:
-        """Forget what arrived; what the peer did not send is asked of another peer that listed it, or stranded
-        (`_window`) when none is left. A peer that listed an operation holds it (a log only grows), so one it did
-        not send means a failed exchange (py-libp2p may show a reset stream as a clean end), not that none has it."""
-        arrived = {CID.for_block(data).raw for data in blocks}
+    def _settle(self, peer_id: ID, cids: list[bytes], arrived: dict[bytes, bytes]) -> None:
+        """Forget what arrived (operations by binary CID); what the peer did not send is asked of another peer that
+        listed it, or stranded (`_window`) when none is left. A peer that listed an operation holds it (a log only
+        grows), so one it did not send means a failed exchange (py-libp2p may show a reset stream as a clean end),
+        not that none has it."""
         view = self._view()
-        self.counters.sync_fetched += len(blocks)
-        self.counters.sync_bytes_received += sum(len(data) for data in blocks)
+        self.counters.sync_fetched += len(arrived)
+        self.counters.sync_bytes_received += sum(len(data) for data in arrived.values())
         self.counters.sync_duplicates += sum(1 for cid in arrived if cid in self._queued or view.has(CID(cid)))
-        self._peer(peer_id).fetched += len(blocks)
+        self._peer(peer_id).fetched += len(arrived)
         for cid in cids:
             want = self.wanted.get(cid)
             if want is None:
@@ -282,6 +364,7 @@ class Fetcher:
         self,
         ready: list[bytes | Block],
         present: set[bytes],
+        arrived: list[bytes],
         source: Source,
         peer: Peer,
         turn: trio.Event,
@@ -299,4 +382,5 @@ class Fetcher:
         finally:
             queued.set()
             self.fetched_queued -= len(ready)
+            self.on_the_way.discard(arrived)  # stored (so in the log's fingerprints), or not coming
             self._ingest_slots.release()

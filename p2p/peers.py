@@ -89,6 +89,7 @@ class Peer:
     hinted_size: int = 0  # the largest log size its gossip claimed (a hint that prompts a sync round)
     missing: int = 0  # operations its last reconciliation found that this node lacked
     settled_size: int = -1  # its log size when a reconciliation last found nothing missing (same size: skip it)
+    listed_size: int = -1  # its log size when a reconciliation last found operations missing here
     fetched: int = 0  # operations fetched from it by sync
     last_sync: float = 0.0  # wall-clock seconds of the last completed sync
     sync_failures: int = 0

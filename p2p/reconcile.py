@@ -53,13 +53,14 @@ class SetIndex:
         self.sums = np.zeros((1 << LEAF_BITS, 4), dtype="<u8")  # uint64 arithmetic wraps: sums modulo 2**64
         self.size = 0
 
-    def add(self, cids: Sequence[bytes]) -> None:
+    def add(self, cids: Sequence[bytes], sign: int = 1) -> None:
+        """Count `cids` in (`sign` -1: take them out again; sums modulo 2**64 undo exactly)."""
         if not cids:
             return
         buckets = np.fromiter((bucket_of(cid) for cid in cids), dtype=np.int64, count=len(cids))
         lanes = np.frombuffer(b"".join(hashlib.sha256(_DOMAIN + cid).digest() for cid in cids), dtype="<u8")
-        np.add.at(self.counts, buckets, 1)
-        np.add.at(self.sums, buckets, lanes.reshape(-1, 4))
+        np.add.at(self.counts, buckets, sign)
+        np.add.at(self.sums, buckets, (lanes if sign > 0 else np.negative(lanes)).reshape(-1, 4))
 
     async def follow(self, view: LedgerView, read: Callable[..., Awaitable[Any]]) -> None:
         """Index what `view`'s log holds beyond what is indexed, on a reader thread (`read`)."""
@@ -74,14 +75,18 @@ class SetIndex:
             self.add(cids)
             self.size += len(cids)
 
-    def children(self, level: int, prefixes: Sequence[int]) -> list[tuple[int, bytes]]:
-        """(count, 32-byte sum) of the 16 children of each range `prefix` at `level` bits, in order."""
+    def children(self, level: int, prefixes: Sequence[int], plus: SetIndex | None = None) -> list[tuple[int, bytes]]:
+        """(count, 32-byte sum) of the 16 children of each range `prefix` at `level` bits, in order; with `plus`,
+        of the union of both sets (they must not share an operation)."""
         width = 1 << (LEAF_BITS - level - STEP_BITS)  # leaf buckets per child
         found = []
         for prefix in prefixes:
             start = prefix << (LEAF_BITS - level)
             counts = self.counts[start : start + 16 * width].reshape(16, width).sum(axis=1)
             sums = self.sums[start : start + 16 * width].reshape(16, width, 4).sum(axis=1, dtype="<u8")
+            if plus is not None:
+                counts = counts + plus.counts[start : start + 16 * width].reshape(16, width).sum(axis=1)
+                sums = sums + plus.sums[start : start + 16 * width].reshape(16, width, 4).sum(axis=1, dtype="<u8")
             found.extend((int(count), row.tobytes()) for count, row in zip(counts, sums, strict=True))
         return found
 
@@ -136,6 +141,16 @@ def decode_sums(payload: bytes, expected: int) -> list[tuple[int, bytes]]:
 _ITEM_ARRAY = 0x82
 _CID_STRING = bytes([0x58, CID_LENGTH])
 _UINT_WIDTHS = {0x18: (1, 24), 0x19: (2, 1 << 8), 0x1A: (4, 1 << 16), 0x1B: (8, 1 << 32)}  # width, least in it
+
+
+def encode_item(clock: int, cid: bytes) -> bytes:
+    """[clock, cid] of a `list` answer in its one canonical encoding, written by hand (~0.6 us against the general
+    encoder's ~2.8, once per operation a peer lists)."""
+    if clock < 24:
+        return bytes([_ITEM_ARRAY, clock]) + _CID_STRING + cid
+    width = 1 if clock < 1 << 8 else 2 if clock < 1 << 16 else 4 if clock < 1 << 32 else 8
+    marker = {1: 0x18, 2: 0x19, 4: 0x1A, 8: 0x1B}[width]
+    return bytes([_ITEM_ARRAY, marker]) + clock.to_bytes(width, "big") + _CID_STRING + cid
 
 
 def decode_item(payload: bytes) -> tuple[int, bytes]:

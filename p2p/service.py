@@ -72,6 +72,11 @@ DELIVERIES = 8  # gossip messages handed to the ingest queue at once (each waits
 SYNCS = 4  # peers read at once
 SYNC_INTERVAL = 10.0  # seconds between syncs with a peer when nothing asks for one sooner (a gossip hint does)
 SYNC_SPACING = 1.0  # seconds at least between the end of one sync with a peer and the next
+#: seconds a round with a peer whose log is longer than this node's waits for another such reconciliation to end
+#: before reconciling alongside it: one after another, the second compares with what the first found missing and
+#: lists nothing that one listed (a catch-up's first rounds with 4 peers at once each listed all 10,000
+#: operations); a slow peer delays the others this much at most
+RECONCILE_TURN = 2.0
 DIAL_TIMEOUT = 5.0
 REDIAL_MAX = 30.0  # seconds between dials of an unreachable bootstrap peer, at most
 PING_INTERVAL = 10.0
@@ -177,6 +182,7 @@ class P2PNode:
         self.host.get_network().register_notifee(self._notifee)
         self._deliveries = trio.Semaphore(DELIVERIES)  # acquired by the receiver, released by the delivery
         self._syncs = trio.CapacityLimiter(SYNCS)
+        self._reconciling = trio.Lock()  # one reconciliation at a time (RECONCILE_TURN)
         self.index = SetIndex()
         self.fetcher = Fetcher(
             self.host,
@@ -433,10 +439,12 @@ class P2PNode:
         ready, present = self._admit(ops, source)
         return await self._submit(ready, present, source, peer, wait=wait, lane=lane)
 
-    def _admit(self, ops: list[bytes], source: Source) -> tuple[list[bytes | Block], set[bytes]]:
+    def _admit(
+        self, ops: list[bytes], source: Source, cids: Sequence[bytes] | None = None
+    ) -> tuple[list[bytes | Block], set[bytes]]:
         """The first half of `_deliver`, with no await: what goes to the ledger now (decoded, as Blocks, but for
         bytes that do not decode; which are operations, now counted as on their way), the rest into the orphan
-        pool."""
+        pool. `cids`: the binary CIDs of `ops`, when the caller computed them already (the fetcher checked them)."""
         view = self.ledger.view()
 
         def here(cid: bytes) -> bool:
@@ -444,8 +452,7 @@ class P2PNode:
 
         ready: list[bytes | Block] = []
         candidates: dict[bytes, Block] = {}
-        for data in ops:
-            cid = CID.for_block(data).raw
+        for data, cid in zip(ops, cids or [CID.for_block(data).raw for data in ops], strict=True):
             if cid in candidates or here(cid):
                 continue
             # an orphan that arrives again is checked afresh: its dependencies may have come with it
@@ -570,20 +577,22 @@ class P2PNode:
             head = await verify_head(self.host, peer.id, self.states)
             peer.node, peer.head_size = head.node, head.size
             outcome = f"head {head.size}, unchanged since nothing was missing"
-            if head.size != peer.settled_size:  # its log is its set: the same size holds nothing new
-                view = self.ledger.view()
-                await self.index.follow(view, self.ledger.read)
-                found = await differences(self.host, peer.id, self.index)
-                self.counters.sync_rounds += 1
-                peer.missing = self.fetcher.want(found, peer.id, view)
+            if head.size == peer.listed_size and self.fetcher.listed_by(peer.id):
+                # its log is its set: listing the same size again, while what it listed is still being fetched,
+                # finds nothing new (at the 10 s round of a 10,000-operation catch-up, 4 peers listed all of it
+                # again on the event loop the writer shares)
+                outcome = f"head {head.size}, unchanged while what it listed is fetched"
+            elif head.size != peer.settled_size:
+                found, peer.missing = await self._reconcile(peer, head.size)
                 peer.settled_size = -1 if peer.missing else head.size
+                peer.listed_size = head.size if peer.missing else -1
                 outcome = f"head {head.size}, {len(found)} listed, {peer.missing} missing here"
             # what orphans from this peer wait for, and what operations stored pending (submitted over RPC) wait for
             pending = await self.ledger.read(lambda: sorted(cid.raw for cid in self.ledger.view().missing()))
             missing = sorted(set(self.orphans.missing_from(str(peer.id))) | set(pending[:MAX_BLOCKS]))[:MAX_BLOCKS]
             if missing:
                 found_blocks = await fetch_blocks(self.host, peer.id, [CID(raw) for raw in missing])
-                await self._deliver(found_blocks, Source("sync", str(peer.id)), peer, wait=True)
+                await self._deliver(list(found_blocks.values()), Source("sync", str(peer.id)), peer, wait=True)
                 outcome += f", {len(found_blocks)} of {len(missing)} dependencies fetched"
             peer.sync_state = "fetching" if peer.missing else "in sync"
             peer.sync_failures, peer.last_sync = 0, time.time()
@@ -619,6 +628,27 @@ class P2PNode:
                 len(self.fetcher.stranded),
             )
 
+    async def _reconcile(self, peer: Peer, size: int) -> tuple[list[tuple[int, bytes]], int]:
+        """What `peer` (whose log holds `size` operations) lists (ranges where it differs from what this node holds
+        or is getting) and how many operations it holds that are missing here. A peer with a longer log than this
+        node's may list many: it waits for the reconciliation in progress with another peer, if any, to end (or
+        RECONCILE_TURN to pass); the others do not wait."""
+        turn = False
+        if size > self.ledger.view().log_size:
+            with trio.move_on_after(RECONCILE_TURN):
+                await self._reconciling.acquire()
+                turn = True
+        try:
+            view = self.ledger.view()
+            await self.index.follow(view, self.ledger.read)
+            covered: list[tuple[int, int]] = []
+            found = await differences(self.host, peer.id, self.index, self.fetcher.on_the_way.index, covered)
+            self.counters.sync_rounds += 1
+            return found, self.fetcher.want(found, peer.id, view) + self.fetcher.held_by(covered, peer.id)
+        finally:
+            if turn:
+                self._reconciling.release()
+
     # --- peers -----------------------------------------------------------------------------------------
 
     async def _penalise(self, peer: Peer, points: float, why: str) -> None:
@@ -651,7 +681,7 @@ class P2PNode:
                     continue
                 self.pubsub.remove_from_blacklist(peer.id)  # a ban that expired
                 if peer.scope is None:
-                    peer.connected_since, peer.last_sync, peer.settled_size = time.time(), 0.0, -1
+                    peer.connected_since, peer.last_sync, peer.settled_size, peer.listed_size = time.time(), 0.0, -1, -1
                     # a new connection: what failed on the last one (often closed by a trim) says nothing of it
                     peer.speaks_sync, peer.sync_failures, peer.next_sync = True, 0, 0.0
                     self.discovery.connected(peer.id)

@@ -65,6 +65,7 @@ from p2p.reconcile import (
     check_ranges,
     decode_item,
     decode_sums,
+    encode_item,
     encode_sums,
 )
 
@@ -227,7 +228,7 @@ async def answer(
             left = MAX_LISTED
             for prefix in request["prefixes"]:
                 for clock, cid in await read(view.held_between, *bounds(request["level"], prefix), left):
-                    yield codec.encode([clock, cid])
+                    yield encode_item(clock, cid)
                     left -= 1
                 if left <= 0:
                     break
@@ -259,7 +260,7 @@ async def answer(
 
 
 def _blocks(view: LedgerView, cids: list[CID]) -> list[bytes]:
-    return [block.data for cid in cids if (block := view.block(cid)) is not None]
+    return [data for cid in cids if (data := view.block_bytes(cid)) is not None]
 
 
 def serve(
@@ -468,11 +469,11 @@ async def verify_head(host: IHost, peer: ID, states: LogStates) -> TreeHead:
     return head
 
 
-async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes]:
-    """The operations `peer` holds among `cids`, each once, in the order of `cids` (checked: each must be one we
-    asked for). The request lists them sorted and a peer answers in any order, but the fetcher asks in clock order
-    and the ledger stores a batch in its order: a child ahead of its parent would wait there as pending (in CID
-    order, 9,955 of a 10,000-operation catch-up did)."""
+async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> dict[bytes, bytes]:
+    """The operations `peer` holds among `cids`, each once, by binary CID in the order of `cids` (checked: each must
+    be one we asked for; the CIDs are handed on, not hashed again). The request lists them sorted and a peer answers
+    in any order, but the fetcher asks in clock order and the ledger stores a batch in its order: a child ahead of
+    its parent would wait there as pending (in CID order, 9,955 of a 10,000-operation catch-up did)."""
     asked = list(dict.fromkeys(cid.raw for cid in cids[:MAX_BLOCKS]))
     frames = await ask(host, peer, {"get": "blocks", "cids": sorted(asked)}, len(asked))
     wanted, arrived = set(asked), {}
@@ -481,12 +482,23 @@ async def fetch_blocks(host: IHost, peer: ID, cids: Sequence[CID]) -> list[bytes
         if cid not in wanted:
             raise Misbehaviour("sync.blocks", "blocks: an operation that was not asked for")
         arrived[cid] = data
-    return [arrived[cid] for cid in asked if cid in arrived]
+    return {cid: arrived[cid] for cid in asked if cid in arrived}
 
 
-async def differences(host: IHost, peer: ID, index: SetIndex) -> list[tuple[int, bytes]]:
+async def differences(
+    host: IHost,
+    peer: ID,
+    index: SetIndex,
+    coming: SetIndex | None = None,
+    covered: list[tuple[int, int]] | None = None,
+) -> list[tuple[int, bytes]]:
     """(clock, CID) of every operation `peer` lists in the ranges where its fingerprints and `index` (this node's,
-    caught up by the caller) differ: a superset of what it holds and this node lacks, found level by level."""
+    caught up by the caller) differ: a superset of what it holds and this node lacks, found level by level.
+
+    `coming`: operations this node found missing and is getting (none of them in `index`): compared with the union,
+    a range the peer holds exactly that of is not listed; `covered` then receives (level, prefix) of each such
+    range where `coming` holds something (the peer holds all of it: the fetcher may ask it). A catch-up from 5
+    peers listed all 10,000 operations from each; now the first peer to answer lists them."""
     listing: dict[int, list[tuple[int, int]]] = {}  # level -> (prefix, the peer's count)
     level, prefixes = 0, [0]
     while prefixes:
@@ -500,12 +512,15 @@ async def differences(host: IHost, peer: ID, index: SetIndex) -> list[tuple[int,
                 theirs += decode_sums(frames[0], 16 * len(chunk))
             except LedgerError as exc:
                 raise Misbehaviour(exc.code, exc.message) from None
-        ours = index.children(level, prefixes)
+        ours = index.children(level, prefixes, coming)
+        on_the_way = coming.children(level, prefixes) if coming is not None and covered is not None else None
         level, deeper = level + STEP_BITS, []
         for position, (their, our) in enumerate(zip(theirs, ours, strict=True)):
-            if their[0] == 0 or their == our:
-                continue
             child = (prefixes[position // 16] << STEP_BITS) | (position % 16)
+            if their[0] == 0 or their == our:
+                if their[0] and on_the_way is not None and on_the_way[position][0] and covered is not None:
+                    covered.append((level, child))
+                continue
             small = their[0] <= LIST_BELOW or our[0] == 0 or level == LEAF_BITS
             if (small and their[0] <= MAX_LISTED) or level == LEAF_BITS:
                 listing.setdefault(level, []).append((child, their[0]))

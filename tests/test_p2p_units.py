@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 import cbor2
@@ -22,11 +23,14 @@ from ledger.errors import LedgerError
 from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
 from ledger.store import Store
 from p2p import gossip, orphans
+from p2p.counters import Counters
 from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
+from p2p.fetch import FETCH_WINDOW, PEER_CHUNKS, Fetcher
 from p2p.gossip import GossipBatch, GossipError, Outbox
 from p2p.host import key_pair, reaches_listener, tcp_endpoint
 from p2p.orphans import Orphan, OrphanPool
-from p2p.reconcile import decode_item
+from p2p.peers import Peer
+from p2p.reconcile import decode_item, encode_item
 from p2p.sync import MAX_BLOCKS, SyncError, _request
 from tests import factories as f
 
@@ -721,9 +725,63 @@ def test_a_listed_item_read_by_hand_is_what_the_general_decoder_accepts(clock, d
     elif isinstance(edit, bytes):
         payload += edit
     expected = _item_by_the_general_decoder(payload)
+    if edit is None:
+        assert encode_item(clock, CID.for_block(b"").raw[:4] + digest) == payload  # the server's, by hand
     if expected is None:
         with pytest.raises(LedgerError) as caught:
             decode_item(payload)
         assert caught.value.code == "sync.list"
     else:
         assert decode_item(payload) == expected
+
+
+# --- the fetcher's chunks ------------------------------------------------------------------------------
+
+
+def _fetcher_wanting(holders: list[ID]) -> Fetcher:
+    """A fetcher (no network) that found more than a window of operations missing (a catch-up: none waits for
+    gossip), each held by every one of `holders`."""
+    nothing = _HasNothing()
+    fetcher = Fetcher(
+        None,  # type: ignore[arg-type]
+        lambda: set(holders),
+        lambda: None,
+        lambda: nothing,  # type: ignore[arg-type,return-value]
+        Counters(),
+        Peer,
+        Counter(),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+    )
+    found = [(clock, CID.for_block(clock.to_bytes(4, "big")).raw) for clock in range(FETCH_WINDOW + 1)]
+    for peer in holders:
+        fetcher.want(found, peer, nothing)  # type: ignore[arg-type]
+    return fetcher
+
+
+class _HasNothing:
+    def has(self, cid: CID) -> bool:
+        return False
+
+
+def test_a_window_gives_one_peer_at_most_two_chunks_and_keeps_the_rest_wanted():
+    """The only holder known as a catch-up begins is asked for 2 chunks, not the window's 8 at once (it answered them
+    together, the first late); what no holder has room for stays wanted, first in line."""
+    only = ID(b"\x01" * 34)
+    fetcher = _fetcher_wanting([only])
+    window = fetcher._window()
+    chunks = fetcher._assign(window)
+    assert [(peer, len(cids)) for peer, cids in chunks] == [(only, MAX_BLOCKS)] * PEER_CHUNKS
+    assigned = [cid for _, cids in chunks for cid in cids]
+    assert assigned == sorted(fetcher.wanted, key=lambda cid: fetcher.wanted[cid].clock)[: len(assigned)]
+    assert all(fetcher.wanted[cid].in_flight == (cid in assigned) for cid in fetcher.wanted)
+    assert fetcher._window()[: len(window) - len(assigned)] == window[len(assigned) :]  # the rest next, in order
+
+
+def test_a_window_over_five_holders_spreads_its_chunks():
+    holders = [ID(bytes([number]) * 34) for number in range(1, 6)]
+    fetcher = _fetcher_wanting(holders)
+    chunks = fetcher._assign(fetcher._window())
+    per_peer = Counter(peer for peer, _ in chunks)
+    assert len(chunks) == FETCH_WINDOW // MAX_BLOCKS and max(per_peer.values()) <= PEER_CHUNKS
