@@ -97,6 +97,8 @@ class Want:
     peers: set[ID] = field(default_factory=set)
     in_flight: bool = False
     stranded_at: float = 0.0  # monotonic, when it was last set aside for want of a usable peer
+    #: listed by a peer's first round since it connected: held before the two met, so gossip will not bring it
+    unheard: bool = False
 
 
 class Fetcher:
@@ -159,9 +161,12 @@ class Fetcher:
         """Whether an operation `peer` listed is still wanted from it (not yet fetched, nor failed there)."""
         return any(peer in want.peers for want in self.wanted.values())
 
-    def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView) -> int:
+    def want(self, found: list[tuple[int, bytes]], peer: ID, view: LedgerView, *, first_round: bool = False) -> int:
         """Record which of `found` (listed by `peer`) this node lacks; how many. One already wanted is lacking
-        without a look at the store (a catch-up from several peers hears of each missing operation from each)."""
+        without a look at the store (a catch-up from several peers hears of each missing operation from each).
+        `first_round`: the first listing since `peer` connected, which names what it held before: gossip sent that
+        while the two were apart and will not send it again, so it waits for the other peers' first rounds (to be
+        fetched from all of them) but not FETCH_GRACE (a node that starts or joins is in sync a second sooner)."""
         wanted = self.wanted
         lacking = [
             (clock, cid)
@@ -181,6 +186,7 @@ class Fetcher:
                 self.stranded.discard(cid)
                 heapq.heappush(self._fetch_order, (clock, cid))
             want.peers.add(peer)
+            want.unheard |= first_round
         self.on_the_way.add(new)
         if lacking:
             self._wanted_changed.set()
@@ -251,8 +257,10 @@ class Fetcher:
     def _window(self) -> list[bytes]:
         """The CIDs to fetch next, lowest clocks first: off the heap of wanted ones, skipping those gone (arrived
         another way), setting aside as stranded those no usable peer listed, and holding back those found less than
-        FETCH_GRACE ago. O(window log wanted), so a catch-up of a million operations stays linear."""
+        FETCH_GRACE ago (those a first round listed only until every usable peer's first round is over).
+        O(window log wanted), so a catch-up of a million operations stays linear."""
         ripe, usable, view = time.monotonic() - FETCH_GRACE, self._usable(), self._view()
+        first_rounds_over = not any(self._peer(peer_id).first_round_pending for peer_id in usable)
         window: dict[bytes, None] = {}  # in order, without repeats
         held_back: list[tuple[int, bytes]] = []
         stranded = len(self.stranded)
@@ -268,7 +276,7 @@ class Fetcher:
             elif not want.peers:
                 self.stranded.add(cid)
                 want.stranded_at = time.monotonic()
-            elif want.since > ripe:
+            elif want.since > ripe and not (want.unheard and first_rounds_over):
                 held_back.append((clock, cid))
             else:
                 window[cid] = None

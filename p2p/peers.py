@@ -101,6 +101,12 @@ class Peer:
     wanted: trio.Event = field(default_factory=trio.Event)  # set: sync with it soon
     scope: trio.CancelScope | None = None  # its sync loop, while connected
 
+    @property
+    def first_round_pending(self) -> bool:
+        """Connected and speaking sync, with no round completed since it connected (what it lists then, gossip
+        did not bring)."""
+        return self.connected_since is not None and self.speaks_sync and not self.last_sync
+
     def penalise(self, points: float, why: str) -> bool:
         """Lower the score (it recovers slowly); True if the peer should now be banned."""
         now = time.monotonic()

@@ -22,7 +22,7 @@ from ledger.cid import CID, CID_LENGTH
 from ledger.errors import LedgerError
 from ledger.merkle import Frontier, LogAppender, MerkleLog, ProofError, leaf_hash, root_of_leaf_hashes
 from ledger.store import Store
-from p2p import gossip, orphans
+from p2p import fetch, gossip, orphans
 from p2p.counters import Counters
 from p2p.discovery import MAX_KNOWN, AddressBook, check_addrs, decode_message
 from p2p.fetch import FETCH_WINDOW, PEER_CHUNKS, Fetcher
@@ -785,3 +785,33 @@ def test_a_window_over_five_holders_spreads_its_chunks():
     chunks = fetcher._assign(fetcher._window())
     per_peer = Counter(peer for peer, _ in chunks)
     assert len(chunks) == FETCH_WINDOW // MAX_BLOCKS and max(per_peer.values()) <= PEER_CHUNKS
+
+
+def test_a_first_rounds_listing_waits_for_the_other_first_rounds_only_and_a_later_ones_for_gossip(monkeypatch):
+    """What a peer lists in its first round since it connected, it held while the two were apart: gossip will not
+    bring it, so it is fetched once every usable peer's first round is over (each may hold some of it), without
+    FETCH_GRACE's wait. What a later round lists may be gossip in flight: held back for FETCH_GRACE."""
+    monkeypatch.setattr(fetch, "FETCH_GRACE", 600.0)  # no run of this test lasts that long
+    first, second = ID(b"\x01" * 34), ID(b"\x02" * 34)
+    peers = {peer_id: Peer(peer_id, connected_since=1.0) for peer_id in (first, second)}
+    nothing = _HasNothing()
+    fetcher = Fetcher(
+        None,  # type: ignore[arg-type]
+        lambda: set(peers),
+        lambda: None,
+        lambda: nothing,  # type: ignore[arg-type,return-value]
+        Counters(),
+        peers.__getitem__,
+        Counter(),
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+    )
+    unheard, later = ([(clock, CID.for_block(bytes([clock])).raw)] for clock in (1, 2))
+    fetcher.want(unheard, first, nothing, first_round=True)  # type: ignore[arg-type]
+    peers[first].last_sync = 2.0  # its first round is over; the second peer's is not
+    assert fetcher._window() == []
+    peers[second].last_sync = 2.0
+    fetcher.want(later, second, nothing)  # type: ignore[arg-type]
+    assert fetcher._window() == [unheard[0][1]]  # the later listing waits for gossip
+    assert set(fetcher.wanted) == {unheard[0][1], later[0][1]} and not fetcher.stranded
