@@ -153,6 +153,8 @@ def test_bench_dso_eval_grades_both_arms(tmp_path: Path) -> None:
 
 def test_bench_slowloris_prints_both_phases_and_what_the_attackers_met(tmp_path: Path) -> None:
     limits = ("--max-connections", "16", "--header-timeout", "1")  # 40 attackers for 16 places: some are evicted
-    out = _run(tmp_path, "bench.bench_slowloris", "--attackers", "40", "--seconds", "2", "--baseline", "1", *limits)
+    # a byte a second: the attackers get 4 s to fill the server before the calls are measured, not the default 8
+    attack = ("--attackers", "40", "--trickle", "1", "--seconds", "2", "--baseline", "1")
+    out = _run(tmp_path, "bench.bench_slowloris", *attack, *limits)
     assert re.search(r"baseline +\d+/\d+ answered", out) and re.search(r"attack +\d+/\d+ answered", out), out
     assert re.search(r"attackers: \d+ connections opened", out) and "evicted" in out, out
