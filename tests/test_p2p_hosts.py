@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -642,16 +642,17 @@ async def until(check: Callable[[], Any]) -> Any:
     return result
 
 
-def failing_fetches(host: IHost, ledger: Ledger) -> None:
-    """A sync server that answers every request as a node does except `blocks`, whose stream it resets: a peer
-    that lists operations and then fails every fetch of them (as the overloaded peers of a 50-daemon run did)."""
+def sync_server(host: IHost, ledger: Ledger, before: Callable[[str], Awaitable[None]]) -> None:
+    """A sync server that answers as a node does, after `before(kind)` of each request (which may hold it, or raise
+    to reset its stream)."""
     index = SetIndex()
 
     async def handler(stream: INetStream) -> None:
         try:
             data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
-            if data is None or codec.decode(data)["get"] == "blocks":
-                raise SyncError("sync.stream", "this server fails every fetch")
+            if data is None:
+                raise SyncError("sync.stream", "the request never came")
+            await before(codec.decode(data)["get"])
             writer = FrameWriter(stream)
             async for payload in answer_request(ledger.view(), data, read, index):
                 await writer.send(payload)
@@ -662,6 +663,17 @@ def failing_fetches(host: IHost, ledger: Ledger) -> None:
                 await stream.reset()
 
     host.set_stream_handler(SYNC_PROTOCOL, handler)
+
+
+def failing_fetches(host: IHost, ledger: Ledger) -> None:
+    """A sync server that answers every request as a node does except `blocks`, whose stream it resets: a peer
+    that lists operations and then fails every fetch of them (as the overloaded peers of a 50-daemon run did)."""
+
+    async def before(kind: str) -> None:
+        if kind == "blocks":
+            raise SyncError("sync.stream", "this server fails every fetch")
+
+    sync_server(host, ledger, before)
 
 
 def _looked_again(node: P2PNode) -> dict[str, Any] | None:
@@ -712,25 +724,13 @@ def test_operations_whose_only_holder_fails_the_fetch_stay_wanted_until_another_
 def held_fetches(host: IHost, ledger: Ledger, asked: list[str], release: trio.Event) -> None:
     """A sync server that answers as a node does, but holds every `blocks` request until `release` is set (a fetch
     in progress); `asked` receives the kind of each request, in order."""
-    index = SetIndex()
 
-    async def handler(stream: INetStream) -> None:
-        try:
-            data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
-            assert data is not None
-            asked.append(codec.decode(data)["get"])
-            if asked[-1] == "blocks":
-                await release.wait()
-            writer = FrameWriter(stream)
-            async for payload in answer_request(ledger.view(), data, read, index):
-                await writer.send(payload)
-            await writer.flush()
-            await stream.close()
-        except Exception:
-            with trio.CancelScope(shield=True):
-                await stream.reset()
+    async def before(kind: str) -> None:
+        asked.append(kind)
+        if kind == "blocks":
+            await release.wait()
 
-    host.set_stream_handler(SYNC_PROTOCOL, handler)
+    sync_server(host, ledger, before)
 
 
 def test_a_round_with_a_peer_whose_listing_is_still_being_fetched_does_not_list_it_again(tmp_path):
