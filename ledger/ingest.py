@@ -56,7 +56,7 @@ from ledger.tables import (
     waiter_key,
     waiter_prefix,
 )
-from ledger.validation import SignatureChecks, ValidationError, check_operation, examine
+from ledger.validation import SignatureChecks, ValidationError, examine
 
 
 class IngestError(LedgerError):
@@ -209,11 +209,7 @@ def triage(
         if stored.get(block_key(item.cid.raw)) is not None:
             item.ignored = True
             continue
-        decoded = submission.decoded
-        if decoded is not None and decoded.data is data:  # the same checks as `examine`, but the decode
-            block, errors = decoded, list(check_operation(decoded.op, params, decoded.signing_bytes(), signature=False))
-        else:
-            block, errors = examine(data, params, signature=False)
+        block, errors = examine(data, params, signature=False, decoded=submission.decoded)
         item.kind = block.op.kind if block else None
         item.block, item.errors = (block, ()) if not errors else (None, tuple(errors))
         if item.block is not None:

@@ -320,12 +320,18 @@ def _verify_chunk(blocks: Sequence[Block], pause: Callable[[], None]) -> list[Va
 
 
 def examine(
-    data: bytes, params: NetworkParams, expected_cid: CID | None = None, *, signature: bool = True
+    data: bytes,
+    params: NetworkParams,
+    expected_cid: CID | None = None,
+    *,
+    signature: bool = True,
+    decoded: Block | None = None,
 ) -> tuple[Block | None, list[LedgerError]]:
     """Decode and check `data`, collecting every failure (for `expledger op inspect` and RPC error details).
 
     With `signature` False, the signature of an operation that breaks no other rule is left to the
-    caller (`SignatureChecks`, which checks a batch on two threads)."""
+    caller (`SignatureChecks`, which checks a batch on two threads). `decoded`: `data` as `decode_block` made it
+    in this process (p2p decodes what it receives), checked without decoding the bytes again."""
     if len(data) > params.max_op_bytes:
         return None, [
             ValidationError(
@@ -333,7 +339,7 @@ def examine(
             )
         ]
     try:
-        block = decode_block(data)
+        block = decoded if decoded is not None and decoded.data is data else decode_block(data)
     except LedgerError as exc:
         return None, [exc]
     errors: list[LedgerError] = []
