@@ -182,10 +182,7 @@ class Fetcher:
                 want = wanted[cid] = Want(clock, now)
                 heapq.heappush(self._fetch_order, (clock, cid))
                 new.append(cid)
-            elif cid in self.stranded:
-                self.stranded.discard(cid)
-                heapq.heappush(self._fetch_order, (clock, cid))
-            want.peers.add(peer)
+            self._held(cid, want, peer)
             want.unheard |= first_round
         self.on_the_way.add(new)
         if lacking:
@@ -201,15 +198,18 @@ class Fetcher:
             for cid in self.on_the_way.within(level, prefix)
             if cid in self.wanted
         ]
-        for clock, cid in found:
-            want = self.wanted[cid]
-            if cid in self.stranded:
-                self.stranded.discard(cid)
-                heapq.heappush(self._fetch_order, (clock, cid))
-            want.peers.add(peer)
+        for _, cid in found:
+            self._held(cid, self.wanted[cid], peer)
         if found:
             self._wanted_changed.set()
         return len(found)
+
+    def _held(self, cid: bytes, want: Want, peer: ID) -> None:
+        """`peer` holds the wanted `cid`: one of those it may be fetched from (back in line if it was stranded)."""
+        if cid in self.stranded:
+            self.stranded.discard(cid)
+            heapq.heappush(self._fetch_order, (want.clock, cid))
+        want.peers.add(peer)
 
     async def run(self) -> None:
         """Fetch what reconciliation found missing, each operation from one peer that listed it: in windows of

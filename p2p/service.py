@@ -644,8 +644,7 @@ class P2PNode:
             covered: list[tuple[int, int]] = []
             found = await differences(self.host, peer.id, self.index, self.fetcher.on_the_way.index, covered)
             self.counters.sync_rounds += 1
-            first_round = not peer.last_sync
-            missing = self.fetcher.want(found, peer.id, view, first_round=first_round)
+            missing = self.fetcher.want(found, peer.id, view, first_round=peer.first_round_pending)
             return found, missing + self.fetcher.held_by(covered, peer.id)
         finally:
             if turn:
