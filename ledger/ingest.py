@@ -295,7 +295,7 @@ class Batch:
         self.applied: list[bytes] = []
         self.fold: Fold | None = None
         self._pending = base.pending
-        self._awaited: frozenset[bytes] | set[bytes] = base.awaited  # copied when this batch first changes it
+        self._awaited = set(base.awaited)  # the committed state's, changed by this batch
         self.waited = 0  # operations this batch stored pending (applied later in it or by a later batch)
 
     def store(self, blocks: list[Block]) -> None:
@@ -317,7 +317,7 @@ class Batch:
                 txn.put(pending_key(cid), join_cids(waiting))
                 for dep in waiting:
                     txn.put(waiter_key(dep, cid), b"")
-                self._awaits().update(waiting)
+                self._awaited.update(waiting)
             else:
                 ready.append(cid)
         self.applied = self._release(ready)
@@ -337,18 +337,11 @@ class Batch:
         generation = self.base.generation + (1 if self.fold is not None and self.fold.changed else 0)
         self.txn.put(GENERATION, u64(generation))
         self.txn.commit(self._pause)
-        awaited = self._awaited if isinstance(self._awaited, frozenset) else frozenset(self._awaited)
-        return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending, awaited)
+        return WriterState(self._log.size, self._root.to_bytes(), generation, self._pending, frozenset(self._awaited))
 
     def _applied(self, cid: bytes) -> bool:
         stored = self.txn.get(opmeta_key(cid)) is not None
         return stored and (self._pending == 0 or self.txn.get(pending_key(cid)) is None)
-
-    def _awaits(self) -> set[bytes]:
-        """The awaited dependencies, to change: a copy of the committed state's on the first change."""
-        if isinstance(self._awaited, frozenset):
-            self._awaited = set(self._awaited)
-        return self._awaited
 
     def _release(self, ready: list[bytes]) -> list[bytes]:
         """Mark `ready` applied and wake, transitively, every pending operation that waited only on them."""
@@ -358,7 +351,7 @@ class Batch:
             applied.append(cid)
             if cid not in self._awaited:  # nobody waits for it: no scan (a LevelDB iterator each)
                 continue
-            self._awaits().discard(cid)
+            self._awaited.discard(cid)
             for key, _ in list(txn.scan(waiter_prefix(cid))):
                 waiter = parse_waiter_key(key)[1]
                 txn.delete(key)
