@@ -165,10 +165,7 @@ def bench_catch_up(count: int, peers: int, keep_logs: Path | None = None) -> Non
             table = {p["peer_id"]: p["sync"]["fetched"] for p in b.call("peers")["peers"]}
             shares = sorted((table.get(peer_id(server), 0) for server in servers), reverse=True)
         if keep_logs is not None:
-            keep_logs.mkdir(parents=True, exist_ok=True)
-            for home in [*homes, b_home]:
-                shutil.copy(home / LOG, keep_logs / f"{home.name}.log")
-            progress(f"the daemons' logs are in {keep_logs}")
+            copy_logs([*homes, b_home], keep_logs)
     rate, synced = count / took, count / (took - (ready - started))
     print(f"\n## catch-up: a fresh node fetches {count:,} operations from {peers} peers that hold them all\n")
     print(
@@ -189,6 +186,14 @@ def bench_catch_up(count: int, peers: int, keep_logs: Path | None = None) -> Non
         f"{metric(metrics, 'expledger_ingest_batch_seconds_sum'):.1f} s in all of the {took - (ready - started):.1f} s "
         f"from ready; {waited:,.0f} operations stored pending (a dependency not applied yet)"
     )
+
+
+def copy_logs(homes: list[Path], into: Path) -> None:
+    """Each daemon's log, as HOME_NAME.log in `into` (--keep-logs)."""
+    into.mkdir(parents=True, exist_ok=True)
+    for home in homes:
+        shutil.copy(home / LOG, into / f"{home.name}.log")
+    progress(f"the daemons' logs are in {into}")
 
 
 def metric(text: str, name: str) -> float:
@@ -462,10 +467,7 @@ def swarm(root: Path, count: int, keep_logs: Path | None = None) -> Iterator[lis
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda node: node.stop(), nodes))
         if keep_logs is not None:
-            keep_logs.mkdir(parents=True, exist_ok=True)
-            for node in nodes:
-                shutil.copy(node.home / LOG, keep_logs / f"{node.home.name}.log")
-            progress(f"the daemons' logs are in {keep_logs}")
+            copy_logs([node.home for node in nodes], keep_logs)
 
 
 def on_all(nodes: list[Daemon], method: str) -> list[Any]:
