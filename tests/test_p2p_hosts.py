@@ -367,14 +367,16 @@ def test_reconciliation_of_large_sets_lists_little_more_than_the_difference(tmp_
         partial.close()
 
 
-def lying_server(host: IHost, answer: Callable[[dict[str, Any]], list[bytes]]) -> None:
-    """A sync server whose answers `answer` makes up."""
+def stream_server(host: IHost, respond: Callable[[bytes], AsyncIterator[bytes]]) -> None:
+    """A sync server that sends what `respond(request)` yields for each request (its stream is reset if it raises)."""
 
     async def handler(stream: INetStream) -> None:
         try:
             data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
+            if data is None:
+                raise SyncError("sync.stream", "the request never came")
             writer = FrameWriter(stream)
-            for payload in answer(codec.decode(data)):
+            async for payload in respond(data):
                 await writer.send(payload)
             await writer.flush()
             await stream.close()
@@ -383,6 +385,16 @@ def lying_server(host: IHost, answer: Callable[[dict[str, Any]], list[bytes]]) -
                 await stream.reset()
 
     host.set_stream_handler(SYNC_PROTOCOL, handler)
+
+
+def lying_server(host: IHost, answer: Callable[[dict[str, Any]], list[bytes]]) -> None:
+    """A sync server whose answers `answer` makes up."""
+
+    async def respond(data: bytes) -> AsyncIterator[bytes]:
+        for payload in answer(codec.decode(data)):
+            yield payload
+
+    stream_server(host, respond)
 
 
 def _flip(data: bytes, at: int = -1) -> bytes:
@@ -647,22 +659,12 @@ def sync_server(host: IHost, ledger: Ledger, before: Callable[[str], Awaitable[N
     to reset its stream)."""
     index = SetIndex()
 
-    async def handler(stream: INetStream) -> None:
-        try:
-            data = await FrameReader(stream, MAX_REQUEST, 10).read_frame()
-            if data is None:
-                raise SyncError("sync.stream", "the request never came")
-            await before(codec.decode(data)["get"])
-            writer = FrameWriter(stream)
-            async for payload in answer_request(ledger.view(), data, read, index):
-                await writer.send(payload)
-            await writer.flush()
-            await stream.close()
-        except Exception:
-            with trio.CancelScope(shield=True):
-                await stream.reset()
+    async def respond(data: bytes) -> AsyncIterator[bytes]:
+        await before(codec.decode(data)["get"])
+        async for payload in answer_request(ledger.view(), data, read, index):
+            yield payload
 
-    host.set_stream_handler(SYNC_PROTOCOL, handler)
+    stream_server(host, respond)
 
 
 def failing_fetches(host: IHost, ledger: Ledger) -> None:
