@@ -82,13 +82,17 @@ class SetIndex:
         found = []
         for prefix in prefixes:
             start = prefix << (LEAF_BITS - level)
-            counts = self.counts[start : start + 16 * width].reshape(16, width).sum(axis=1)
-            sums = self.sums[start : start + 16 * width].reshape(16, width, 4).sum(axis=1, dtype="<u8")
+            counts, sums = self._child_sums(start, width)
             if plus is not None:
-                counts = counts + plus.counts[start : start + 16 * width].reshape(16, width).sum(axis=1)
-                sums = sums + plus.sums[start : start + 16 * width].reshape(16, width, 4).sum(axis=1, dtype="<u8")
+                more_counts, more_sums = plus._child_sums(start, width)
+                counts, sums = counts + more_counts, sums + more_sums
             found.extend((int(count), row.tobytes()) for count, row in zip(counts, sums, strict=True))
         return found
+
+    def _child_sums(self, start: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """Counts and lane sums of the 16 runs of `width` leaf buckets from `start`."""
+        counts = self.counts[start : start + 16 * width].reshape(16, width).sum(axis=1)
+        return counts, self.sums[start : start + 16 * width].reshape(16, width, 4).sum(axis=1, dtype="<u8")
 
 
 def bounds(level: int, prefix: int) -> tuple[bytes, bytes]:
@@ -148,8 +152,7 @@ def encode_item(clock: int, cid: bytes) -> bytes:
     encoder's ~2.8, once per operation a peer lists)."""
     if clock < 24:
         return bytes([_ITEM_ARRAY, clock]) + _CID_STRING + cid
-    width = 1 if clock < 1 << 8 else 2 if clock < 1 << 16 else 4 if clock < 1 << 32 else 8
-    marker = {1: 0x18, 2: 0x19, 4: 0x1A, 8: 0x1B}[width]
+    marker, width = next((marker, width) for marker, (width, _) in _UINT_WIDTHS.items() if clock < 1 << 8 * width)
     return bytes([_ITEM_ARRAY, marker]) + clock.to_bytes(width, "big") + _CID_STRING + cid
 
 
